@@ -1,0 +1,30 @@
+# Two commands do everything on a fresh machine: `make train` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: train test venv bench clean
+
+train: $(STAMP)  ## train the embedded default (tiny model, stdlib corpus, 2 CPU processes)
+	$(BIN)/olmx train $(ARGS)
+
+test: $(STAMP)  ## run the test suite (what CI runs)
+	OLMO_DISABLE_PER_RANK_TRITON_CACHE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+venv: $(STAMP)
+
+# torch is pinned to the CPU wheel first so that nothing pulls a CUDA build.
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+bench: $(STAMP)  ## run the benchmarks and print their tables
+	$(BIN)/python benchmarks/cli_startup.py
+	$(BIN)/python benchmarks/step_time.py
+
+clean:
+	rm -rf $(VENV) runs

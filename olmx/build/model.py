@@ -1,0 +1,63 @@
+"""Plan -> OLMo-core model config and model. The only place that builds OLMo-core models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from olmx.config.schema import ModelConfig
+from olmx.plan import Plan
+
+
+def attention_backend(name: str, device: str) -> str:
+    """Resolve ``auto``: flash-attn 2 on CUDA where it is installed, torch SDPA elsewhere."""
+    if name != "auto":
+        return name
+    if device == "cuda":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_2"
+    return "torch"
+
+
+def build_model_config(model: ModelConfig, *, vocab_size: int, device: str = "cpu") -> Any:
+    """OLMo-core ``TransformerConfig`` for ``model`` (llama-like; OLMo 2/3 through the block
+    type, QK-norm and sliding-window settings)."""
+    from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
+    from olmo_core.nn.feed_forward import FeedForwardConfig
+    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
+
+    sliding = None
+    if model.sliding_window:
+        sliding = SlidingWindowAttentionConfig(
+            pattern=list(model.sliding_window),
+            force_full_attention_on_first_layer=False,
+            force_full_attention_on_last_layer=True,
+        )
+    return TransformerConfig.llama_like(
+        d_model=model.d_model,
+        vocab_size=vocab_size,
+        n_layers=model.n_layers,
+        n_heads=model.n_heads,
+        n_kv_heads=model.n_kv_heads,
+        qk_norm=model.qk_norm,
+        layer_norm_eps=model.layer_norm_eps,
+        rope_theta=model.rope_theta,
+        block_name=TransformerBlockType(model.block),
+        attn_backend=AttentionBackendName(attention_backend(model.attn_backend, device)),
+        sliding_window=sliding,
+        feed_forward=FeedForwardConfig(hidden_size=model.hidden_size, bias=False),
+        init_std=model.init_std,
+    )
+
+
+def build_model(plan: Plan, run: Any, reg: Any) -> Any:
+    """The model on the meta device, edited by the layer plugins (in plan order), before
+    any parallelism is applied."""
+    config = build_model_config(run.model, vocab_size=plan.vocab_size, device=plan.world.device)
+    for name, cfg in run.layers.items():
+        config = reg.get("layer", name).apply_model_config(cfg, config, plan)
+    model = config.build(init_device="meta")
+    for name, cfg in run.layers.items():
+        reg.get("layer", name).apply_model(cfg, model, plan)
+    return model

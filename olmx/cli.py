@@ -1,0 +1,193 @@
+"""The ``olmx`` command. Typer owns argv; each command chains the stages of the one way
+through (compose -> to_object -> resolve -> launch) and nothing else. Heavy modules (Hydra,
+torch, OLMo-core, plugins) are imported inside the commands that need them."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from olmx import __version__
+from olmx.errors import OlmxError
+
+app = typer.Typer(
+    name="olmx", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="Pre-train OLMo-style language models on OLMo-core, declaratively.",
+)
+plugins_app = typer.Typer(no_args_is_help=True, help="List, inspect and check olmx plugins.")
+app.add_typer(plugins_app, name="plugins")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn an :class:`OlmxError` into one clean message and its exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OlmxError as exc:
+            err.print(f"[bold red]error:[/] {exc}", markup=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
+    if version:
+        out.print(f"olmx {__version__}")
+        raise typer.Exit(0)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@guarded
+def train(
+    overrides: Optional[list[str]] = typer.Argument(
+        None, help="Hydra overrides: key=value, group=option, parallel=[fsdp,ulysses], +new.key=1, ~key."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and plan; write and start nothing."),
+) -> None:
+    """Compose the config, resolve the plan, and train (or print it with --dry-run)."""
+    from olmx.config.compose import compose, config_yaml, to_object
+    from olmx.plan.resolve import resolve
+    from olmx.registry import registry
+
+    reg = registry()
+    run = to_object(compose(list(overrides or []), reg), reg)
+    plan = resolve(run, reg)
+    infra = reg.get("infra", run.infra_name)
+    if dry_run:
+        out.print("# resolved config", style="bold")
+        out.print(config_yaml(run), markup=False)
+        print_plan(plan)
+        out.print("\n# launch", style="bold")
+        out.print(infra.dry_run(plan), markup=False)
+        return
+    print_plan(plan)
+    if plan.resume_step is not None:
+        out.print(f"[bold green]Resuming[/] from the checkpoint at step {plan.resume_step} in {plan.run_dir}")
+    plan.save()
+    infra.launch(plan)
+    from olmx.launch.monitor import summary_table
+
+    table = summary_table(plan.run_dir)
+    if table is not None:
+        out.print(table)
+
+
+def print_plan(plan: Any) -> None:
+    """The plan as a table: core rows, then one section per plugin."""
+    from rich.table import Table
+
+    from olmx.plan.resolve import describe_plan_rows
+
+    table = Table(title="olmx plan", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in describe_plan_rows(plan):
+        table.add_row(label, value)
+    for section, rows in plan.sections.items():
+        table.add_section()
+        table.add_row(f"[cyan]{section}[/]", "")
+        for label, value in rows:
+            table.add_row(f"  {label}", str(value))
+    out.print(table)
+
+
+@app.command("run")
+def run_plan(plan: Path = typer.Argument(..., help="plan.yaml written by olmx train.")) -> None:
+    """Worker entry point: what each process launched for a run executes."""
+    from olmx.worker import run_worker
+
+    run_worker(plan)
+
+
+@plugins_app.command("list")
+@guarded
+def plugins_list(
+    kind: Optional[str] = typer.Option(None, "--kind", help="Only this kind: layer, parallel, precision, infra."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    check: bool = typer.Option(False, "--check", help="Also import each plugin and check its protocol."),
+) -> None:
+    """Every installed plugin (imports none of them unless --check)."""
+    from olmx.errors import ConfigError
+    from olmx.protocols import GROUPS
+    from olmx.registry import registry
+
+    if kind is not None and kind not in GROUPS:
+        raise ConfigError("--kind", f"'{kind}' is not one of {', '.join(GROUPS)}")
+    reg = registry()
+    if check:
+        reg.load_all(kind)
+    entries = reg.entries(kind)
+    rows = [{"kind": e.kind, "name": e.name, "distribution": e.dist, "version": e.version, "status": e.status,
+             "reason": e.reason, "target": e.value, "description": e.description()} for e in entries]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title="olmx plugins")
+    for col in ("kind", "name", "distribution", "status", "description"):
+        table.add_column(col)
+    colors = {"ok": "green", "available": "green", "broken": "red", "incompatible": "red",
+              "shadowed": "yellow", "disabled": "dim"}
+    for r in rows:
+        status = f"[{colors.get(r['status'], 'white')}]{r['status']}[/]"
+        if r["reason"]:
+            status += f": {r['reason']}"
+        table.add_row(r["kind"], r["name"], f"{r['distribution']} {r['version']}", status, r["description"])
+    out.print(table)
+
+
+@plugins_app.command("show")
+@guarded
+def plugins_show(
+    name: str = typer.Argument(..., help="Plugin name."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="Disambiguate when several kinds use the name."),
+) -> None:
+    """One plugin's config schema: keys, types, defaults and their documentation."""
+    from rich.table import Table
+
+    from olmx.config.docs import schema_rows
+    from olmx.errors import PluginError
+    from olmx.protocols import CONFIG_GROUPS
+    from olmx.registry import registry
+
+    reg = registry()
+    matches = [e for e in reg.entries(kind) if e.name == name and e.status != "shadowed"]
+    if not matches:
+        known = sorted({e.name for e in reg.entries(kind)})
+        raise PluginError(f"no plugin named '{name}'; installed: {', '.join(known)}")
+    if len(matches) > 1:
+        raise PluginError(f"'{name}' is a plugin of several kinds ({', '.join(e.kind for e in matches)}); add --kind")
+    entry = matches[0]
+    plugin = reg.get(entry.kind, entry.name)
+    group = CONFIG_GROUPS[entry.kind]
+    prefix = f"{group}." if entry.kind == "infra" else f"{group}.{name}."
+    out.print(f"[bold]{name}[/] ({entry.kind}, {entry.dist} {entry.version}): {plugin.description}")
+    out.print(f"select with: {group}={name}" if entry.kind in ("infra", "precision") else f"select with: {group}=[{name}]")
+    table = Table(show_lines=False)
+    for col in ("key", "type", "default", "description"):
+        table.add_column(col)
+    for key, typ, default, doc in schema_rows(plugin.Config, prefix=prefix):
+        table.add_row(key, typ, default, doc)
+    out.print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="olmx")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""argv overrides -> DictConfig (Hydra compose) -> typed :class:`RunConfig`.
+
+Hydra is used through its compose API (Typer owns argv). The config tree is ``conf/``
+(package data ``olmx.conf``). Every loadable plugin contributes one option to its kind's
+group, built from its ``Config`` dataclass and stored in Hydra's ConfigStore, so
+``parallel=[fsdp]`` works for a third-party plugin exactly as for a first-party one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from olmx.config.schema import RunConfig
+from olmx.errors import ConfigError
+from olmx.protocols import CONFIG_GROUPS
+from olmx.registry import Registry
+
+#: Kinds whose group is selected as a list/dict of named sections (``layers.moe.top_k``);
+#: ``infra`` is a single flat section with a ``name`` (``infra.nodes``).
+NESTED_KINDS = ("layer", "parallel", "precision")
+
+
+def conf_dir() -> Path:
+    """The directory of the shipped Hydra config tree."""
+    return Path(str(resources.files("olmx.conf")))
+
+
+def _defaults_of(config_cls: type) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(config_cls))  # type: ignore[return-value]
+
+
+def register_plugin_options(reg: Registry) -> None:
+    """Store one config option per loadable plugin in Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    # Untyped defaults: Hydra knows every key (unknown ones are refused at compose time) and
+    # `~key` resets a key to its default; types are checked by to_object.
+    cs.store(name="olmx_schema", node=_defaults_of(RunConfig))
+    for (kind, name), plugin in reg.load_all().items():
+        group = CONFIG_GROUPS[kind]
+        defaults = _defaults_of(plugin.Config)
+        node = {"name": name, **defaults} if kind == "infra" else {name: defaults}
+        cs.store(group=group, name=name, node=node, provider=f"olmx plugin {name}")
+
+
+def compose(overrides: list[str], reg: Registry) -> Any:
+    """Compose ``conf/train.yaml`` with Hydra overrides; errors become ConfigError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    _reject_hydra_flags(overrides)
+    register_plugin_options(reg)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(conf_dir()), version_base="1.3", job_name="olmx"):
+            return hydra_compose("train", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _config_error(exc, reg) from None
+
+
+def _reject_hydra_flags(overrides: list[str]) -> None:
+    for o in overrides:
+        if o.startswith("-"):
+            raise ConfigError(
+                o, "not an olmx option; overrides use Hydra's grammar (key=value, group=option, "
+                "+key=value, ~key) and olmx's own flags go before them (see olmx train --help)"
+            )
+        key, _, value = o.partition("=")
+        if "," in value and not value.lstrip().startswith(("[", "{", "'", '"')):
+            raise ConfigError(
+                key, f"'{value}' looks like a sweep; olmx runs one configuration at a time "
+                "(for a list value write key=[a,b])"
+            )
+
+
+def _config_error(exc: Exception, reg: Registry) -> ConfigError:
+    """Turn Hydra/OmegaConf's exception into one line naming the field and what is allowed."""
+    import re
+
+    text = str(exc).strip()
+    cause = exc.__cause__
+    if cause is not None and text.startswith("Error merging override"):
+        return _config_error(cause, reg)  # type: ignore[arg-type]
+    missing = re.search(r"Could not (?:find|load) '([\w-]+)/([\w.-]+)'", text)
+    if missing:
+        group, option = missing.groups()
+        kinds = {v: k for k, v in CONFIG_GROUPS.items()}
+        if group in kinds:
+            entry = reg.entry(kinds[group], option)
+            if entry is not None and not entry.usable:
+                return ConfigError(group, f"plugin '{option}' from {entry.dist} is {entry.status}: {entry.reason}")
+        allowed = _group_options(group, reg)
+        return ConfigError(group, f"unknown option '{option}'; allowed: {', '.join(allowed) or 'none'}")
+    override = re.search(r"Could not override '([^']+)'", text)
+    if override:
+        key = override.group(1)
+        return ConfigError(key, f"no such key; to add a new key write +{key}=VALUE (see olmx train --dry-run for the keys)")
+    appended = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
+    if appended:
+        key = appended.group(1)
+        return ConfigError(key, f"already exists; set it with {key}=VALUE (no '+')")
+    full_key = getattr(exc, "full_key", None)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if full_key:
+        return ConfigError(str(full_key), first)
+    key = re.search(r"full_key: ([\w.\[\]]+)", text)
+    return ConfigError(key.group(1) if key else "overrides", first)
+
+
+def _group_options(group: str, reg: Registry) -> list[str]:
+    from hydra.core.config_store import ConfigStore
+
+    names = {p.stem for p in (conf_dir() / group).glob("*.yaml")}
+    repo = ConfigStore.instance().repo.get(group, {})
+    names |= {k.removesuffix(".yaml") for k in repo}
+    return sorted(names)
+
+
+def to_object(cfg: Any, reg: Registry) -> RunConfig:
+    """Typed RunConfig from the composed DictConfig; plugin sections typed by their Config."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert isinstance(container, dict)
+    sections: dict[str, Any] = {}
+    for kind, group in CONFIG_GROUPS.items():
+        raw = container.pop(group, {}) or {}
+        if kind == "infra":
+            raw = dict(raw)
+            name = raw.pop("name", None)
+            if not name:
+                raise ConfigError("infra", f"choose an infra target: {', '.join(reg.names('infra'))}")
+            raw = {name: raw}
+        if kind == "precision" and len(raw) != 1:
+            raise ConfigError("precision", f"exactly one precision backend is used, got {sorted(raw) or 'none'}; "
+                              f"allowed: {', '.join(reg.names('precision'))}")
+        typed: dict[str, Any] = {}
+        for name, values in raw.items():
+            plugin = _plugin(reg, kind, group, name)
+            typed[name] = _typed(plugin.Config, values or {}, f"{group}.{name}" if kind != "infra" else group)
+        sections[group] = typed
+    try:
+        base = OmegaConf.merge(OmegaConf.structured(RunConfig), container)
+        run = OmegaConf.to_object(base)
+    except OmegaConfBaseException as exc:
+        raise _config_error(exc, reg) from None
+    assert isinstance(run, RunConfig)
+    for group, typed in sections.items():
+        setattr(run, group, typed)
+    return run
+
+
+def _plugin(reg: Registry, kind: str, group: str, name: str) -> Any:
+    from olmx.errors import PluginError
+
+    try:
+        return reg.get(kind, name)
+    except PluginError as exc:
+        raise ConfigError(f"{group}.{name}" if kind != "infra" else group, str(exc)) from None
+
+
+def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:
+    """Validate ``values`` against a plugin's Config dataclass (unknown keys, types)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(config_cls)
+    try:
+        merged = OmegaConf.merge(schema, values)
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", "") or ""
+        fields = ", ".join(f.name for f in dataclasses.fields(config_cls))
+        msg = str(exc).splitlines()[0]
+        if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+            msg = f"unknown key; allowed: {fields}"
+        raise ConfigError(f"{where}.{key}" if key else where, msg) from None
+    return obj
+
+
+def config_yaml(run: RunConfig) -> str:
+    """The resolved config as YAML (what ``--dry-run`` prints and ``plan.yaml`` stores)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(as_dict(run)))
+
+
+def as_dict(run: RunConfig) -> dict[str, Any]:
+    """Plain-data form of a typed RunConfig (plugin sections included; infra flat)."""
+    data = dataclasses.asdict(run)
+    infra_name = run.infra_name
+    data["infra"] = {"name": infra_name, **data["infra"][infra_name]}
+    return data

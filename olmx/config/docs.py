@@ -1,0 +1,62 @@
+"""Field documentation of config dataclasses, read from their ``#:`` comments."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from typing import Any
+
+_FIELD = re.compile(r"^\s+(\w+)\s*:")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: text of the #: comment lines above it}`` for a dataclass."""
+    try:
+        lines, _ = inspect.getsourcelines(cls)
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    pending: list[str] = []
+    for line in lines[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#:"):
+            pending.append(stripped[2:].strip())
+            continue
+        m = _FIELD.match(line)
+        if m and pending:
+            docs[m.group(1)] = " ".join(pending)
+        pending = [] if not stripped.startswith("#") else pending
+    return docs
+
+
+def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """``(key, type, default, doc)`` for every field, nested dataclasses flattened."""
+    rows: list[tuple[str, str, str, str]] = []
+    docs = field_docs(cls)
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        default: Any = f.default
+        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(default):
+            rows += schema_rows(type(default), prefix=f"{key}.")
+            continue
+        typ = hints.get(f.name, f.type)
+        rows.append((key, _type_name(typ), repr(default), docs.get(f.name, "")))
+    return rows
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    import typing
+
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # forward references a plugin cannot resolve: fall back to strings
+        return {}
+
+
+def _type_name(t: Any) -> str:
+    text = t if isinstance(t, str) else getattr(t, "__name__", None) or str(t)
+    return str(text).replace("typing.", "").replace("NoneType", "None")

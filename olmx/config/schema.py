@@ -1,0 +1,160 @@
+"""The typed run configuration: the schema of ``conf/train.yaml``.
+
+Every field's docstring is user documentation (``olmx train --help-config`` prints them).
+Plugin sections (``layers``, ``parallel``, ``precision``, ``infra``) are typed by the
+plugins' own ``Config`` dataclasses in :func:`olmx.config.compose.to_object`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ModelConfig:
+    """An OLMo-core llama-like transformer. ``conf/model/`` holds presets that reproduce
+    OLMo-core 3.0.0's ``TransformerConfig.olmo3_*`` exactly (a test checks this)."""
+
+    #: Label of the architecture, shown in the plan.
+    name: str = "tiny"
+    #: Width of the residual stream.
+    d_model: int = 128
+    #: Number of transformer blocks.
+    n_layers: int = 4
+    #: Attention query heads.
+    n_heads: int = 4
+    #: Key/value heads (grouped-query attention); null means equal to ``n_heads``.
+    n_kv_heads: Optional[int] = None
+    #: Hidden width of the gated (SwiGLU) feed-forward network.
+    hidden_size: int = 512
+    #: OLMo-core block type: ``default`` (pre-norm) or ``reordered_norm`` (OLMo 2/3 post-norm).
+    block: str = "default"
+    #: RMS-normalise queries and keys (OLMo 2/3).
+    qk_norm: bool = False
+    #: RoPE base.
+    rope_theta: int = 500_000
+    #: Epsilon of every RMSNorm.
+    layer_norm_eps: float = 1e-5
+    #: Sliding-window pattern cycled over layers (-1 = full attention), as in OLMo 3;
+    #: the last layer always attends fully. null disables sliding windows.
+    sliding_window: Optional[list[int]] = None
+    #: Attention kernel: ``auto`` (flash-attn 2 on CUDA where installed, else torch SDPA),
+    #: ``torch``, ``flash_2``, ``flash_3``, ``te``.
+    attn_backend: str = "auto"
+    #: Standard deviation of the normal initialisation.
+    init_std: float = 0.02
+
+
+@dataclass
+class TokenizerConfig:
+    """Token id facts of the data (no tokenizer is downloaded)."""
+
+    #: ``bytes`` (olmx's byte-level tokenizer: ids 0-255 are bytes) or the name of the
+    #: tokenizer that produced pre-tokenized data (e.g. ``dolma2``).
+    name: str = "bytes"
+    #: Number of token ids the tokenizer produces (the model pads it to a multiple of 128).
+    vocab_size: int = 258
+    #: End-of-document id.
+    eos_id: int = 256
+    #: Padding id.
+    pad_id: int = 257
+    #: Beginning-of-document id, if the tokenizer has one.
+    bos_id: Optional[int] = None
+
+
+@dataclass
+class DataConfig:
+    """Where the training tokens come from."""
+
+    #: ``stdlib`` (the ``.py`` files of the running Python's standard library), ``text``
+    #: (your text files in ``paths``) or ``numpy`` (pre-tokenized OLMo-core token files).
+    name: str = "stdlib"
+    #: Input files (``text``: UTF-8 text files or globs; ``numpy``: raw token arrays).
+    paths: list[str] = field(default_factory=list)
+    #: Tokens per training sequence.
+    seq_len: int = 256
+    #: Token id facts.
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    #: Where tokenized caches of ``stdlib``/``text`` are written once and reused
+    #: (default: ``$OLMX_CACHE_DIR`` or ``~/.cache/olmx``).
+    cache_dir: Optional[str] = None
+    #: Data-loader worker processes per rank.
+    num_workers: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    """Optimisation, duration, checkpoints and logging."""
+
+    #: Optimizer steps to train for.
+    max_steps: int = 200
+    #: Sequences per optimizer step, over the whole world.
+    global_batch_size: int = 16
+    #: Sequences per forward/backward pass on one process (gradients are accumulated
+    #: when the global batch needs more).
+    micro_batch_size: int = 8
+    #: Peak learning rate (AdamW).
+    lr: float = 3e-3
+    #: AdamW betas.
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    #: Decoupled weight decay.
+    weight_decay: float = 0.1
+    #: Linear warm-up steps.
+    warmup_steps: int = 20
+    #: Learning-rate schedule after warm-up: ``cosine`` (to 10% of the peak), ``linear``
+    #: (to 0) or ``constant``.
+    schedule: str = "cosine"
+    #: Gradient clipping by global norm (null disables).
+    max_grad_norm: Optional[float] = 1.0
+    #: Z-loss multiplier (null disables).
+    z_loss: Optional[float] = None
+    #: Seed of initialisation and data order.
+    seed: int = 42
+    #: Run directory (checkpoints, metrics, logs, plan). Default: a new folder under
+    #: ``runs_root``.
+    run_dir: Optional[str] = None
+    #: Parent of generated run directories.
+    runs_root: str = "runs"
+    #: Resume from the latest checkpoint in ``run_dir`` if there is one; false starts fresh.
+    resume: bool = True
+    #: Steps between checkpoints (a final checkpoint is always written).
+    save_interval: int = 100
+    #: Steps between metric records (loss, throughput) in ``metrics.jsonl``.
+    log_interval: int = 1
+    #: OLMo-core activation checkpointing mode (``full``), or null for none.
+    activation_checkpointing: Optional[str] = None
+    #: ``torch.compile`` the blocks (CUDA only; ignored with a note on CPU).
+    compile: bool = False
+
+
+@dataclass
+class RunConfig:
+    """A whole run: what ``conf/train.yaml`` composes to."""
+
+    #: The transformer.
+    model: ModelConfig = field(default_factory=ModelConfig)
+    #: The training data.
+    data: DataConfig = field(default_factory=DataConfig)
+    #: Optimisation, duration, checkpoints.
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    #: Layer plugins by name (``layers=[engram,moe]``), each with its own settings.
+    layers: dict[str, Any] = field(default_factory=dict)
+    #: Parallel strategies by name (``parallel=[fsdp,ulysses]``); they compose.
+    parallel: dict[str, Any] = field(default_factory=dict)
+    #: The precision backend (exactly one, ``precision=bf16``), with its settings.
+    precision: dict[str, Any] = field(default_factory=dict)
+    #: The infra target (``infra=local``): its ``name`` plus its settings.
+    infra: dict[str, Any] = field(default_factory=dict)
+    #: Free-form values for your own callbacks and notes (``+extra.key=1``).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def infra_name(self) -> str:
+        """Name of the selected infra plugin."""
+        return next(iter(self.infra))
+
+    @property
+    def precision_name(self) -> str:
+        """Name of the selected precision plugin."""
+        return next(iter(self.precision))

