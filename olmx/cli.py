@@ -36,7 +36,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except OlmxError as exc:
-            err.print(f"[bold red]error:[/] {exc}", markup=True)
+            from rich.text import Text
+
+            err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper

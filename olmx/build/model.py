@@ -23,6 +23,7 @@ def attention_backend(name: str, device: str) -> str:
 def build_model_config(model: ModelConfig, *, vocab_size: int, device: str = "cpu") -> Any:
     """OLMo-core ``TransformerConfig`` for ``model`` (llama-like; OLMo 2/3 through the block
     type, QK-norm and sliding-window settings)."""
+    from olmo_core.config import DType
     from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
     from olmo_core.nn.feed_forward import FeedForwardConfig
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
@@ -46,7 +47,7 @@ def build_model_config(model: ModelConfig, *, vocab_size: int, device: str = "cp
         block_name=TransformerBlockType(model.block),
         attn_backend=AttentionBackendName(attention_backend(model.attn_backend, device)),
         sliding_window=sliding,
-        feed_forward=FeedForwardConfig(hidden_size=model.hidden_size, bias=False),
+        feed_forward=FeedForwardConfig(hidden_size=model.hidden_size, bias=False, dtype=DType.float32),
         init_std=model.init_std,
     )
 

@@ -86,6 +86,7 @@ def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
         load_strategy=LoadStrategy.if_available if t.resume else LoadStrategy.never,
         save_overwrite=True,
         max_duration=Duration.steps(t.max_steps),
+        hard_stop=Duration.steps(t.stop_at_step) if t.stop_at_step else None,
         metrics_collect_interval=t.log_interval,
         cancel_check_interval=10,
         callbacks=callbacks,

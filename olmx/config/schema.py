@@ -89,6 +89,9 @@ class TrainerConfig:
 
     #: Optimizer steps to train for.
     max_steps: int = 200
+    #: Stop after this step (a checkpoint is written there) without changing the schedule,
+    #: which still runs to ``max_steps``: splits a run into pieces that resume where they stop.
+    stop_at_step: Optional[int] = None
     #: Sequences per optimizer step, over the whole world.
     global_batch_size: int = 16
     #: Sequences per forward/backward pass on one process (gradients are accumulated

@@ -179,6 +179,8 @@ def _check_trainer(run: RunConfig) -> None:
     for key in ("max_steps", "global_batch_size", "micro_batch_size", "save_interval", "log_interval"):
         if getattr(t, key) < 1:
             raise ConfigError(f"trainer.{key}", f"must be a positive integer, got {getattr(t, key)}")
+    if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
+        raise ConfigError("trainer.stop_at_step", f"{t.stop_at_step} must be in [1, trainer.max_steps={t.max_steps}]")
     if t.lr <= 0:
         raise ConfigError("trainer.lr", f"must be positive, got {t.lr}")
     if t.warmup_steps < 0:
@@ -208,8 +210,13 @@ def _check_writable(path: Path) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise ConfigError("trainer.run_dir", f"'{probe}' exists and is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError("trainer.run_dir", f"'{probe}' is not writable")
+    import tempfile
+
+    try:  # an anonymous temporary file: works for root on read-only mounts, leaves nothing
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise ConfigError("trainer.run_dir", f"'{probe}' is not writable ({exc.strerror})") from None
 
 
 def describe_plan_rows(plan: Plan) -> list[tuple[str, str]]:

@@ -9,16 +9,16 @@ from olmx.errors import ConfigError
 from olmx.protocols import Contribution, World
 from olmx_plugins.parallel.data_parallel import DataParallelStrategy
 
-WRAPPING = ("blocks", "full", "fine_grained")
+WRAPPING = ("full", "blocks", "fine_grained")
 
 
 @dataclass
 class FSDPConfig:
     """Settings of ``fsdp``."""
 
-    #: OLMo-core wrapping strategy: ``blocks`` (one FSDP unit per block), ``full`` or
-    #: ``fine_grained``.
-    wrapping_strategy: str = "blocks"
+    #: OLMo-core wrapping strategy: ``full`` (each block and the LM head), ``blocks`` (each
+    #: block; the LM head stays with the root) or ``fine_grained`` (modules inside blocks too).
+    wrapping_strategy: str = "full"
     #: Blocks whose all-gather is issued ahead of use (0 = FSDP's default of one).
     prefetch_factor: int = 0
 
@@ -35,9 +35,9 @@ class FullyShardedStrategy(DataParallelStrategy):
 
     def dp_config_kwargs(self, cfg: Any) -> dict[str, Any]:
         """Wrapping strategy and prefetch factor."""
-        from olmo_core.distributed.parallel import DataParallelWrappingStrategy
+        from olmo_core.nn.transformer.config import TransformerDataParallelWrappingStrategy
 
-        return {"wrapping_strategy": DataParallelWrappingStrategy(cfg.wrapping_strategy),
+        return {"wrapping_strategy": TransformerDataParallelWrappingStrategy(cfg.wrapping_strategy),
                 "prefetch_factor": cfg.prefetch_factor}
 
 
