@@ -23,6 +23,8 @@ app = typer.Typer(
 )
 plugins_app = typer.Typer(no_args_is_help=True, help="List, inspect and check olmx plugins.")
 app.add_typer(plugins_app, name="plugins")
+jobs_app = typer.Typer(no_args_is_help=True, help="Follow, inspect or cancel a launched run by its run directory.")
+app.add_typer(jobs_app, name="jobs")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -184,6 +186,85 @@ def plugins_show(
     for key, typ, default, doc in schema_rows(plugin.Config, prefix=prefix):
         table.add_row(key, typ, default, doc)
     out.print(table)
+
+
+@jobs_app.command("status")
+@guarded
+def jobs_status(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:
+    """Where a launched run is: the infra's job state and the last metrics record."""
+    infra, plan = _launched(run_dir)
+    out.print(infra.job_status(plan), markup=False)
+
+
+@jobs_app.command("logs")
+@guarded
+def jobs_logs(run_dir: Path = typer.Argument(..., help="The run directory."),
+              lines: int = typer.Option(40, "--lines", "-n", help="How many lines from the end.")) -> None:
+    """The end of a launched run's log."""
+    infra, plan = _launched(run_dir)
+    out.print(infra.job_logs(plan, lines), markup=False)
+
+
+@jobs_app.command("cancel")
+@guarded
+def jobs_cancel(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:
+    """Cancel a launched run (it can resume later from its last checkpoint)."""
+    infra, plan = _launched(run_dir)
+    infra.job_cancel(plan)
+    out.print(f"cancelled the run in {plan.run_dir}")
+
+
+def _launched(run_dir: Path) -> tuple[Any, Any]:
+    from olmx.errors import ConfigError
+    from olmx.plan import PLAN_FILE, Plan
+    from olmx.registry import registry
+
+    path = run_dir / PLAN_FILE
+    if not path.is_file():
+        raise ConfigError("RUN_DIR", f"'{run_dir}' holds no {PLAN_FILE}: not a launched olmx run")
+    plan = Plan.load(path)
+    name = plan.config["infra"]["name"]
+    infra = registry().get("infra", name)
+    if not callable(getattr(infra, "job_status", None)):
+        raise ConfigError("RUN_DIR", f"runs on infra '{name}' are followed by the olmx train that started them")
+    return infra, plan
+
+
+class ProvisionGroup(typer.core.TyperGroup):
+    """``olmx provision <target>``: one sub-command group per infra plugin that has
+    ``commands()``; listed from entry points, loaded only when invoked."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        from olmx.registry import registry
+
+        return registry().names("infra")
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        import click
+
+        from olmx.errors import PluginError
+        from olmx.registry import registry
+
+        try:
+            plugin = registry().get("infra", name)
+        except PluginError as exc:
+            message = str(exc)
+
+            @click.command(name=name, help=f"(unavailable: {message})")
+            def unavailable() -> None:
+                err.print(f"error: {message}", markup=False)
+                raise typer.Exit(2)
+
+            return unavailable
+        factory = getattr(plugin, "commands", None)
+        if factory is None:
+            return None
+        return typer.main.get_group(factory())
+
+
+provision_app = typer.Typer(cls=ProvisionGroup, no_args_is_help=True,
+                            help="Provision and manage machines on an infra target (olmx provision runpod ...).")
+app.add_typer(provision_app, name="provision")
 
 
 def main() -> None:
