@@ -80,7 +80,9 @@ def train(
     if plan.resume_step is not None:
         out.print(f"[bold green]Resuming[/] from the checkpoint at step {plan.resume_step} in {plan.run_dir}")
     plan.save()
-    infra.launch(plan)
+    rc = infra.launch(plan)
+    if rc:
+        raise typer.Exit(rc)
     from olmx.launch.monitor import summary_table
 
     table = summary_table(plan.run_dir)
@@ -186,6 +188,43 @@ def plugins_show(
     for key, typ, default, doc in schema_rows(plugin.Config, prefix=prefix):
         table.add_row(key, typ, default, doc)
     out.print(table)
+
+
+@plugins_app.command("new")
+@guarded
+def plugins_new(
+    name: str = typer.Argument(..., help="Plugin name, e.g. my-thing (package olmx-my-thing, module olmx_my_thing)."),
+    kind: str = typer.Option(..., "--kind", help="layer, parallel, precision or infra."),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="Where to write the package (default ./olmx-NAME)."),
+) -> None:
+    """Write a complete, installable plugin package skeleton (with a passing test)."""
+    from olmx.plugin_tools import new_plugin
+
+    path = new_plugin(name, kind=kind, directory=directory)
+    out.print(f"wrote {path}; next: pip install -e {path} && olmx plugins list", markup=False)
+
+
+@plugins_app.command("check")
+@guarded
+def plugins_check(target: str = typer.Argument(..., help="A source tree, a wheel, or an installed distribution name.")) -> None:
+    """Check a plugin package's entry points and objects without installing it (exit 0 only if all pass)."""
+    from olmx.plugin_tools import check_plugin
+
+    problems = check_plugin(target, console=out)
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command()
+@guarded
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory."),
+    compare: Optional[list[Path]] = typer.Option(None, "--compare", help="Other run directories to overlay."),
+) -> None:
+    """Summary table and PNG plots (loss, learning rate, throughput, memory) of a run."""
+    from olmx.report import write_report
+
+    write_report(run_dir, compare=list(compare or []), console=out)
 
 
 @jobs_app.command("status")

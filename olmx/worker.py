@@ -2,7 +2,9 @@
 
 Reads the saved plan (never composes config), sets up torch.distributed through OLMo-core,
 builds the model (layer plugins applied before parallelism), the train module (parallel and
-precision plugins applied) and the Trainer, and trains.
+precision plugins applied) and the Trainer, resumes from the newest checkpoint that verifies
+(:mod:`olmx.build.checkpoint`), and trains. A stop signal or a non-finite step ends the run
+with a checkpoint (:mod:`olmx.build.faults`); how it ended goes to ``events.jsonl``.
 """
 
 from __future__ import annotations
@@ -33,8 +35,28 @@ def _share_cores(procs_per_node: int) -> None:
     torch.set_num_threads(threads)
 
 
+def restart_attempt() -> int:
+    """Which torchrun attempt this is (0: the first; >0 after an elastic restart)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def run_worker(plan_path: str | Path) -> None:
-    """Train one process's share of the plan."""
+    """Train one process's share of the plan; exits with 75 when stopped by a signal and 76 when
+    stopped on a non-finite loss (both after saving a checkpoint), see :mod:`olmx.events`.
+
+    Per-rank Python errors are recorded in torchrun's error file (``record``), where the
+    launcher reads which rank failed and why."""
+    from olmx.stop import install_stop_handlers
+
+    install_stop_handlers()  # first: a preemption notice during start-up is kept, not fatal
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    code = record(_run)(plan_path)
+    if code:
+        raise SystemExit(code)
+
+
+def _run(plan_path: str | Path) -> int:
     os.environ.setdefault("OLMO_DISABLE_PER_RANK_TRITON_CACHE", "1")
     os.environ.setdefault("OLMO_SHARED_FS", "1")
     from olmx.registry import registry
@@ -43,26 +65,58 @@ def run_worker(plan_path: str | Path) -> None:
     reg = registry()
     run = typed_config(plan, reg)
 
-    from olmo_core.distributed.utils import barrier, get_rank
+    from olmo_core.distributed.utils import barrier, get_rank, get_world_size
     from olmo_core.train import prepare_training_environment, teardown_training_environment
 
     from olmx.build.callbacks import truncate_metrics
+    from olmx.build.checkpoint import check_disk_space, resume_from_verified
+    from olmx.build.faults import agree_stop
     from olmx.build.model import build_model
     from olmx.build.train import build_trainer, reset_run_dir
+    from olmx.events import append_event
 
     backend = "gloo" if plan.world.device == "cpu" else "cpu:gloo,cuda:nccl"
     if plan.world.device == "cpu":
         _share_cores(plan.world.nproc_per_node)
     prepare_training_environment(seed=run.trainer.seed, backend=backend, shared_filesystem=True)
     try:
-        if get_rank() == 0:
-            if run.trainer.resume:
-                truncate_metrics(plan.run_dir, plan.resume_step)
-            else:
-                reset_run_dir(plan.run_dir)
+        attempt, rank0 = restart_attempt(), get_rank() == 0
+        fresh = not run.trainer.resume and attempt == 0  # an elastic restart always resumes
+        if rank0 and fresh:
+            reset_run_dir(plan.run_dir)
         barrier()
         model = build_model(plan, run, reg)
+        check_disk_space(model, plan.run_dir)
         trainer = build_trainer(plan, run, reg, model)
-        trainer.fit()
+        step = None if fresh else resume_from_verified(trainer, plan.run_dir)
+        trainer.callbacks["olmx_metrics"].resumed_from = step
+        if rank0:
+            truncate_metrics(plan.run_dir, step)
+            append_event(plan.run_dir, "start", attempt=attempt, resumed_from=step, world_size=get_world_size())
+        guard = trainer.callbacks["olmx_guard"]
+        end = min(run.trainer.max_steps, run.trainer.stop_at_step or run.trainer.max_steps)
+        if signum := agree_stop():  # stopped before the first step: the latest checkpoint stands
+            import signal
+
+            guard.stop_reason = signal.Signals(signum).name
+        elif step is None or step < end:  # (fit would only save the loaded checkpoint again)
+            trainer.fit()
+        return _finish(plan, run, trainer, guard.stop_reason, rank0)
     finally:
         teardown_training_environment()
+
+
+def _finish(plan: Plan, run: Any, trainer: Any, stop_reason: str | None, rank0: bool) -> int:
+    """Record how the run ended; the worker's exit code."""
+    from olmx.events import EXIT_NONFINITE, EXIT_PREEMPTED, append_event
+
+    step = trainer.global_step
+    if stop_reason != "nonfinite" and step >= run.trainer.max_steps:
+        stop_reason = None  # the signal came with the last step: the run is complete
+    if stop_reason is None:
+        reason, code = ("max_steps" if step >= run.trainer.max_steps else "stop_at_step"), 0
+    else:
+        reason, code = stop_reason, (EXIT_NONFINITE if stop_reason == "nonfinite" else EXIT_PREEMPTED)
+    if rank0:
+        append_event(plan.run_dir, "end", reason=reason, step=step)
+    return code

@@ -41,9 +41,13 @@ def test_one_and_two_processes_give_the_same_loss_curve(tmp_path, cache):
                    "trainer.micro_batch_size=4")
     ddp = train(tmp_path / "ddp", cache, *steps, "parallel=[ddp]", "trainer.micro_batch_size=4")
     fsdp = train(tmp_path / "fsdp", cache, *steps, "parallel=[fsdp]", "trainer.micro_batch_size=2")
+    hsdp_1x2 = train(tmp_path / "hsdp12", cache, *steps, "parallel=[hsdp]")
+    hsdp_2x1 = train(tmp_path / "hsdp21", cache, *steps, "parallel=[hsdp]", "parallel.hsdp.shard_degree=1")
     assert [r["step"] for r in single] == list(range(1, 11))
-    assert losses(ddp) == pytest.approx(losses(single), rel=2e-5)
-    assert losses(fsdp) == pytest.approx(losses(single), rel=2e-5)
+    for other in (ddp, fsdp, hsdp_1x2, hsdp_2x1):
+        assert losses(other) == pytest.approx(losses(single), rel=2e-5)
+    plans = [(tmp_path / d / "plan.yaml").read_text() for d in ("hsdp12", "hsdp21")]
+    assert "dp_replicate: 1\n  dp_shard: 2" in plans[0] and "dp_replicate: 2\n  dp_shard: 1" in plans[1]
     assert losses(single)[-1] < losses(single)[0] - 0.5  # it learns
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     assert [p["rank"] for p in sorted(summary["processes"], key=lambda p: p["rank"])] == [0, 1]

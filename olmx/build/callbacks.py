@@ -1,9 +1,11 @@
 """olmx's trainer callback: ``metrics.jsonl`` and ``summary.json`` in the run directory.
 
 Rank 0 appends one JSON object per logged step (``step``, ``loss``, ``lr``, ``tokens``,
-``tokens_per_s``, ``tokens_per_s_per_process``, ``peak_mem_mib``, ``time``); the launcher
-follows that file to draw its progress bar. At the end every rank's throughput and peak
-memory are gathered into ``summary.json``.
+``tokens_per_s``, ``tokens_per_s_per_process``, ``flops_per_s_per_device``, ``mfu`` (OLMo-core's,
+where it knows the device), ``peak_mem_mib``, ``time``; a step skipped for a non-finite loss
+has ``loss: null`` and ``skipped: true``); the launcher follows that file to draw its progress
+bar. At the end (also when the run stops early on a signal or a non-finite loss) every rank's
+throughput and peak memory are gathered into ``summary.json``, with how the run ended.
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ class OlmxMetricsCallback(Callback):
         """Append the step's record (rank 0 only)."""
         from olmo_core.distributed.utils import get_rank
 
-        if get_rank() != 0 or "train/CE loss" not in metrics:
+        skipped = bool(metrics.get("olmx/non-finite step"))
+        if get_rank() != 0 or ("train/CE loss" not in metrics and not skipped):
             return
         tps = self._tokens_per_s()
         record = {
@@ -95,9 +98,13 @@ class OlmxMetricsCallback(Callback):
             "tokens": step * self.tokens_per_step,
             "tokens_per_s": tps,
             "tokens_per_s_per_process": tps / self.world_size if tps else None,
+            "flops_per_s_per_device": metrics.get("throughput/device/flopsPS"),
+            "mfu": metrics.get("throughput/device/MFU"),
             "peak_mem_mib": metrics.get("system/peak memory (MiB)"),
             "time": time.time(),
         }
+        if skipped:
+            record["skipped"] = True
         with open(Path(self.run_dir) / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -120,13 +127,17 @@ class OlmxMetricsCallback(Callback):
         if path.exists():
             records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         losses = [r["loss"] for r in records if r.get("loss") is not None]
+        guard = self.trainer.callbacks.get("olmx_guard")
         summary = {
             "steps": self.step,
             "tokens": self.step * self.tokens_per_step,
             "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None,
+            "best_loss": min(losses) if losses else None,
             "processes": everyone,
             "resumed_from": self.resumed_from,
+            "stopped": getattr(guard, "stop_reason", None),
+            "nonfinite_steps": list(getattr(guard, "nonfinite_steps", [])),
             "run_dir": self.run_dir,
         }
         tmp = Path(self.run_dir) / (SUMMARY_FILE + ".tmp")

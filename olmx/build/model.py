@@ -53,12 +53,22 @@ def build_model_config(model: ModelConfig, *, vocab_size: int, device: str = "cp
 
 
 def build_model(plan: Plan, run: Any, reg: Any) -> Any:
-    """The model on the meta device, edited by the layer plugins (in plan order), before
-    any parallelism is applied."""
+    """The model on the meta device, edited by the layer plugins (in plan order) and then by
+    the precision plugin's optional ``apply_model`` (module swaps such as MXFP8 linears, which
+    must see the layers' modules too), before any parallelism is applied: where OLMo-core's
+    ``parallelize_model`` applies ``float8_config``."""
     config = build_model_config(run.model, vocab_size=plan.vocab_size, device=plan.world.device)
     for name, cfg in run.layers.items():
         config = reg.get("layer", name).apply_model_config(cfg, config, plan)
     model = config.build(init_device="meta")
     for name, cfg in run.layers.items():
         reg.get("layer", name).apply_model(cfg, model, plan)
+    precision = run.precision_name
+    apply = getattr(reg.get("precision", precision), "apply_model", None)
+    if apply is not None:
+        apply(run.precision[precision], model, plan)
+    for name, cfg in run.parallel.items():  # e.g. expert parallelism shards experts in place
+        apply = getattr(reg.get("parallel", name), "apply_model", None)
+        if apply is not None:
+            apply(cfg, model, plan)
     return model

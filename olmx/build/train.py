@@ -17,10 +17,6 @@ APPLY_ORDER = (("parallel", "parallel"), ("precision", "precision"), ("layer", "
 def train_module_kwargs(plan: Plan, run: Any, reg: Any) -> dict[str, Any]:
     """Keyword arguments of OLMo-core's ``TransformerTrainModuleConfig``, plugins applied."""
     from olmo_core.optim import AdamWConfig, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup
-    from olmo_core.train.train_module import (
-        TransformerActivationCheckpointingConfig,
-        TransformerActivationCheckpointingMode,
-    )
 
     t = run.trainer
     schedulers = {"cosine": CosWithWarmup, "linear": LinearWithWarmup, "constant": ConstantWithWarmup}
@@ -37,14 +33,48 @@ def train_module_kwargs(plan: Plan, run: Any, reg: Any) -> dict[str, Any]:
         "compile_model": bool(t.compile and plan.world.device == "cuda"),
     }
     if t.activation_checkpointing:
-        kwargs["ac_config"] = TransformerActivationCheckpointingConfig(
-            mode=TransformerActivationCheckpointingMode(t.activation_checkpointing))
+        kwargs["ac_config"] = activation_checkpointing_config(t.activation_checkpointing)
     for kind, group in APPLY_ORDER:
         for name, cfg in getattr(run, group).items():
             apply = getattr(reg.get(kind, name), "apply_train_module", None)
             if apply is not None:
                 apply(cfg, kwargs, plan)
     return kwargs
+
+
+#: ``trainer.activation_checkpointing=long_context``: the modules recomputed in backward, in
+#: the spirit of AutoSP's sequence-aware checkpointing (arXiv 2604.27089): at long context the
+#: attention kernel is the costly part (quadratic in the sequence), so attention is not
+#: checkpointed (its outputs, and under Ulysses its all-to-alls, are kept, never recomputed),
+#: while the feed-forward (the largest activations, ~4 x hidden per token, and FLOPs linear in
+#: the sequence) and the norms (cheap element-wise work) are. OLMo-core's ``selected_modules``
+#: mode wraps each matching module in a checkpoint wrapper.
+LONG_CONTEXT_AC_MODULES = ["blocks.*.feed_forward", "blocks.*.feed_forward_norm", "blocks.*.attention_norm"]
+
+
+def activation_checkpointing_config(mode: str) -> Any:
+    """OLMo-core ``TransformerActivationCheckpointingConfig`` for ``trainer.activation_checkpointing``:
+    an OLMo-core mode by name (``full``), or olmx's ``long_context`` policy."""
+    from olmo_core.train.train_module import (
+        TransformerActivationCheckpointingConfig,
+        TransformerActivationCheckpointingMode,
+    )
+
+    if mode == "long_context":
+        return TransformerActivationCheckpointingConfig(
+            mode=TransformerActivationCheckpointingMode.selected_modules, modules=list(LONG_CONTEXT_AC_MODULES))
+    return TransformerActivationCheckpointingConfig(mode=TransformerActivationCheckpointingMode(mode))
+
+
+def plugin_callbacks(plan: Plan, run: Any, reg: Any) -> dict[str, Any]:
+    """Trainer callbacks contributed by plugins through their optional ``callbacks(cfg, plan)``."""
+    out: dict[str, Any] = {}
+    for kind, group in APPLY_ORDER:
+        for name, cfg in getattr(run, group).items():
+            contribute = getattr(reg.get(kind, name), "callbacks", None)
+            if contribute is not None:
+                out.update(contribute(cfg, plan))
+    return out
 
 
 def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
@@ -55,7 +85,9 @@ def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
     from olmx.build.callbacks import OlmxMetricsCallback
+    from olmx.build.checkpoint import OlmxCheckpointerConfig
     from olmx.build.data import token_files
+    from olmx.build.faults import fault_callbacks
 
     t, run_dir = run.trainer, Path(plan.run_dir)
     train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, run, reg)).build(model)
@@ -80,22 +112,34 @@ def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
         "olmx_metrics": OlmxMetricsCallback(run_dir=str(run_dir), tokens_per_step=plan.batch.global_tokens,
                                             world_size=plan.world.size, resumed_from=plan.resume_step),
     }
+    callbacks.update(fault_callbacks(run, str(run_dir)))
+    callbacks.update(plugin_callbacks(plan, run, reg))
     return TrainerConfig(
         save_folder=str(run_dir / CHECKPOINTS),
         work_dir=str(run_dir / "work"),
-        load_strategy=LoadStrategy.if_available if t.resume else LoadStrategy.never,
+        # olmx chooses and verifies the checkpoint to resume from and loads it itself
+        # (olmx.build.checkpoint.resume_from_verified); OLMo-core would take the newest on trust.
+        load_strategy=LoadStrategy.never,
+        checkpointer=OlmxCheckpointerConfig(),
         save_overwrite=True,
         max_duration=Duration.steps(t.max_steps),
         hard_stop=Duration.steps(t.stop_at_step) if t.stop_at_step else None,
         metrics_collect_interval=t.log_interval,
-        cancel_check_interval=10,
+        # Stop signals are agreed by olmx's TrainingGuard every step, synchronously; OLMo-core's
+        # asynchronous cancel check (which ranks can see at different steps) never runs.
+        cancel_check_interval=t.max_steps + 1,
         callbacks=callbacks,
     ).build(train_module, data_loader)
 
 
 def reset_run_dir(run_dir: str) -> None:
-    """``trainer.resume=false``: remove earlier checkpoints and metrics of this run dir."""
-    from olmx.build.callbacks import truncate_metrics
+    """``trainer.resume=false``: remove earlier checkpoints, metrics and summary of this run dir
+    (``events.jsonl`` keeps the history; a ``fresh`` record marks the new start)."""
+    from olmx.build.callbacks import SUMMARY_FILE, truncate_metrics
+    from olmx.events import append_event
 
     shutil.rmtree(Path(run_dir) / CHECKPOINTS, ignore_errors=True)
+    shutil.rmtree(Path(run_dir) / "work" / "faults", ignore_errors=True)
+    (Path(run_dir) / SUMMARY_FILE).unlink(missing_ok=True)
     truncate_metrics(run_dir, None)
+    append_event(run_dir, "fresh")

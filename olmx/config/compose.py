@@ -9,6 +9,7 @@ group, built from its ``Config`` dataclass and stored in Hydra's ConfigStore, so
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -57,12 +58,18 @@ def compose(overrides: list[str], reg: Registry) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from olmx.plugin_tools import with_conf_search_paths
+
     _reject_hydra_flags(overrides)
     register_plugin_options(reg)
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(str(conf_dir()), version_base="1.3", job_name="olmx"):
-            return hydra_compose("train", overrides=list(overrides))
+        with initialize_config_dir(str(conf_dir()), version_base="1.3", job_name="olmx"), warnings.catch_warnings():
+            # A plugin's YAML preset named like the plugin extends its ConfigStore option;
+            # Hydra 1.3 warns about that merge, which is exactly what olmx intends.
+            warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema",
+                                    category=UserWarning)
+            return hydra_compose("train", overrides=with_conf_search_paths(list(overrides)))
     except (HydraException, OmegaConfBaseException) as exc:
         raise _config_error(exc, reg) from None
 

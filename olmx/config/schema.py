@@ -129,6 +129,10 @@ class TrainerConfig:
     activation_checkpointing: Optional[str] = None
     #: ``torch.compile`` the blocks (CUDA only; ignored with a note on CPU).
     compile: bool = False
+    #: What a non-finite (NaN/inf) loss or gradient does: ``stop`` saves a checkpoint of the
+    #: last good parameters and stops (``olmx train`` exits with 76); ``skip`` skips that
+    #: optimizer step, counts it in the summary and trains on.
+    on_nonfinite: str = "stop"
 
 
 @dataclass

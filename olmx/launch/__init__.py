@@ -42,3 +42,26 @@ def torchrun_command(
 def shell_join(cmd: list[str]) -> str:
     """A command as one copy-pasteable shell line."""
     return shlex.join(cmd)
+
+
+def render_template(name: str, **values: object) -> str:
+    """Render ``templates/<name>`` (Jinja2, strict: an undefined name is an error) with the
+    ``shquote`` filter (:func:`shlex.quote`). The templates folder is the checkout's
+    ``templates/`` in a checkout or editable install, else the ``olmx.templates`` package data."""
+    import jinja2
+
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_templates_dir()), undefined=jinja2.StrictUndefined, trim_blocks=True,
+        lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
+    )
+    environment.filters["shquote"] = lambda value: shlex.quote(str(value))
+    return environment.get_template(name).render(**values)
+
+
+def _templates_dir() -> Path:
+    checkout = Path(__file__).resolve().parents[2] / "templates"
+    if checkout.is_dir() and (checkout / "__init__.py").is_file():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("olmx.templates")))

@@ -36,3 +36,25 @@ def local_devices() -> LocalDevices:
             cc = (int(major), int(minor or 0)) if major.isdigit() else None
             return LocalDevices("cuda", len(rows), name, cc)
     return LocalDevices("cpu", 0, "cpu", None)
+
+
+#: CUDA compute capability by GPU model, for machines olmx cannot query from here (Slurm
+#: nodes, RunPod pods): the first key found in the name wins, so longer keys come first.
+#: Source: NVIDIA's CUDA GPU list (developer.nvidia.com/cuda-gpus).
+_CAPABILITIES: tuple[tuple[str, tuple[int, int]], ...] = (
+    ("GB200", (10, 0)), ("B200", (10, 0)), ("B300", (10, 3)), ("RTX PRO 6000", (12, 0)),
+    ("RTX 5090", (12, 0)), ("GH200", (9, 0)), ("H200", (9, 0)), ("H100", (9, 0)),
+    ("L40", (8, 9)), ("L4", (8, 9)), ("RTX 6000 Ada", (8, 9)), ("RTX 4090", (8, 9)),
+    ("A100", (8, 0)), ("A800", (8, 0)), ("A30", (8, 0)), ("A6000", (8, 6)), ("A40", (8, 6)),
+    ("A5000", (8, 6)), ("A4000", (8, 6)), ("RTX 3090", (8, 6)), ("A10", (8, 6)), ("V100", (7, 0)),
+)
+
+
+def gpu_compute_capability(name: str) -> tuple[int, int] | None:
+    """Compute capability of a GPU model named like ``nvidia-smi`` or RunPod name it
+    (``"NVIDIA H100 80GB HBM3"``); None when the model is not in the table."""
+    upper = name.upper()
+    for key, capability in _CAPABILITIES:
+        if key.upper() in upper:
+            return capability
+    return None

@@ -90,3 +90,20 @@ def summary_table(run_dir: str | Path) -> Table | None:
     table.add_row("peak memory (MiB)", ", ".join(fmt(p["peak_mem_mib"], ",.0f") for p in procs))
     table.add_row("run dir", str(s["run_dir"]))
     return table
+
+
+def progress_line(plan: Plan) -> str:
+    """The last record of the run's ``metrics.jsonl`` as one line (for ``olmx jobs status``)."""
+    path = Path(plan.run_dir) / METRICS_FILE
+    total = plan.config["trainer"]["max_steps"]
+    last = None
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                last = json.loads(line)
+            except ValueError:
+                continue
+    if last is None:
+        return f"progress: no step finished yet (of {total})"
+    loss = f", loss {last['loss']:.4f}" if last.get("loss") is not None else ""
+    return f"progress: step {last['step']}/{total}{loss}"

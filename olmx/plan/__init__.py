@@ -3,6 +3,7 @@ run directory. Launchers and workers read it; nobody composes config again after
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ class Plan:
 
         path = self.plan_path
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".yaml.tmp")
+        tmp = path.with_suffix(f".yaml.tmp{os.getpid()}")  # several launchers may share a run dir
         tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
         tmp.replace(path)
         return path

@@ -25,6 +25,11 @@ BLOCKS = ("default", "reordered_norm")
 ATTN_BACKENDS = ("auto", "torch", "flash_2", "flash_3", "te")
 SCHEDULES = ("cosine", "linear", "constant")
 DATA_SOURCES = ("stdlib", "text", "numpy")
+#: ``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block) and olmx's
+#: ``long_context`` (olmx.build.train.LONG_CONTEXT_AC_MODULES). OLMo-core's ``selected_ops``
+#: is not offered: with torch 2.13 its recompute fails in RoPE ("aten.alias.default invocation
+#: index 4 encountered during backward but not found in storage", benchmarks/results/ulysses.md).
+AC_MODES = ("full", "long_context")
 #: Sub-directory of the run directory that holds OLMo-core checkpoints (``stepN/``).
 CHECKPOINTS = "checkpoints"
 
@@ -88,23 +93,32 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
             f"{', '.join(n for n in reg.names('parallel') if n in ('ddp', 'fsdp', 'hsdp')) or 'ddp'} "
             f"(e.g. parallel=[ddp]) or run one process (infra.nproc_per_node=1)")
 
-    mesh: dict[str, int] = {}
+    # Non-data-parallel degrees (context parallel, ...) multiply into the world; the
+    # data-parallel strategy lays out whatever ranks remain.
+    other: dict[str, int] = {}
     for c in contributions.values():
+        if c.data_parallel:
+            continue
         for dim, size in c.mesh.items():
-            if dim in mesh and mesh[dim] != size:
-                raise ConfigError("parallel", f"mesh dimension '{dim}' claimed twice ({mesh[dim]} and {size})")
-            mesh[dim] = size
+            if dim in other:
+                raise ConfigError("parallel", f"mesh dimension '{dim}' claimed twice ({other[dim]} and {size})")
+            other[dim] = size
     non_dp = 1
-    for k, c in contributions.items():
-        if not c.data_parallel:
-            for size in c.mesh.values():
-                non_dp *= size
+    for size in other.values():
+        non_dp *= size
     if world.size % non_dp:
-        raise ConfigError("parallel", f"the non-data-parallel degrees multiply to {non_dp}, which does not divide "
-                          f"the world size {world.size}")
+        dims = " x ".join(f"{k}={v}" for k, v in other.items())
+        raise ConfigError("parallel", f"the non-data-parallel degrees ({dims}) multiply to {non_dp}, which does not "
+                          f"divide the world size {world.size}")
     dp_ranks = world.size // non_dp
-    if not mesh:
-        mesh = {"dp": 1}
+    mesh: dict[str, int] = {"dp": dp_ranks}
+    if dp:
+        name = dp[0].split(".", 1)[1]
+        plugin = reg.get("parallel", name)
+        dp_mesh = getattr(plugin, "dp_mesh", None)
+        if dp_mesh is not None:
+            mesh = dp_mesh(run.parallel[name], dp_ranks, world)
+    mesh.update(other)
 
     t = run.trainer
     per_step = t.micro_batch_size * dp_ranks
@@ -189,8 +203,11 @@ def _check_trainer(run: RunConfig) -> None:
         raise ConfigError("trainer.schedule", f"'{t.schedule}' is not one of {', '.join(SCHEDULES)}")
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
         raise ConfigError("trainer.betas", f"must be two numbers in [0, 1), got {list(t.betas)}")
-    if t.activation_checkpointing not in (None, "full"):
-        raise ConfigError("trainer.activation_checkpointing", f"'{t.activation_checkpointing}' is not one of full, null")
+    if t.on_nonfinite not in ("stop", "skip"):
+        raise ConfigError("trainer.on_nonfinite", f"'{t.on_nonfinite}' is not one of stop, skip")
+    if t.activation_checkpointing not in (None, *AC_MODES):
+        raise ConfigError("trainer.activation_checkpointing",
+                          f"'{t.activation_checkpointing}' is not one of {', '.join(AC_MODES)}, null")
 
 
 def _run_dir(run: RunConfig, now: datetime) -> str:

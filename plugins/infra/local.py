@@ -13,6 +13,12 @@ from olmx.errors import ConfigError, RunFailed
 from olmx.protocols import World
 
 
+#: Environment of torchrun. A fresh rendezvous store for every attempt: torchrun's shared agent
+#: store keeps the previous attempt's process-group addresses, and a restarted gloo group that
+#: reads one before its peer overwrote it fails with "connectFullMesh ... Connection refused".
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 @dataclass
 class LocalConfig:
     """Settings of ``infra=local``."""
@@ -27,8 +33,12 @@ class LocalConfig:
     master_addr: str = "127.0.0.1"
     #: Rendezvous port on node 0, used when ``nnodes > 1``.
     master_port: int = 29500
-    #: torchrun elastic restarts of the whole group after a process fails.
+    #: torchrun elastic restarts of the whole group after a process fails; each restart
+    #: resumes from the newest checkpoint that verifies.
     max_restarts: int = 0
+    #: Seconds torchrun waits, after passing on a stop signal (SIGTERM/SIGINT), for the
+    #: processes to finish their step and save a checkpoint before it kills them.
+    stop_timeout: int = 300
 
 
 class LocalInfra:
@@ -60,33 +70,110 @@ class LocalInfra:
 
         cfg = self._cfg(plan)
         endpoint = None if cfg.nnodes == 1 else f"{cfg.master_addr}:{cfg.master_port}"
-        return torchrun_command(plan, nnodes=cfg.nnodes, nproc_per_node=plan.world.nproc_per_node,
-                                node_rank=cfg.node_rank, rdzv_endpoint=endpoint, max_restarts=cfg.max_restarts)
+        cmd = torchrun_command(plan, nnodes=cfg.nnodes, nproc_per_node=plan.world.nproc_per_node,
+                               node_rank=cfg.node_rank, rdzv_endpoint=endpoint, max_restarts=cfg.max_restarts)
+        # Per-rank logs and error files of every attempt (olmx.launch.failures reads them); the
+        # ranks' output still reaches the node log (--tee).
+        at = len(cmd) - 1 - cmd[::-1].index("-m")  # where `-m olmx run PLAN` starts
+        return cmd[:at] + [f"--log-dir={self._torchrun_logs(plan)}", "--tee=3",
+                           f"--shutdown-timeout={cfg.stop_timeout}"] + cmd[at:]
 
     def dry_run(self, plan: Any) -> str:
         """The exact command that would run."""
         from olmx.launch import shell_join
 
-        return shell_join(self.command(plan))
+        return shell_join([f"{k}={v}" for k, v in TORCHRUN_ENV.items()] + self.command(plan))
 
     def launch(self, plan: Any) -> int:
-        """Start torchrun with its output in ``RUN_DIR/logs/``, follow it, return its exit code."""
+        """Start torchrun with its output in ``RUN_DIR/logs/``, follow it, and end as the run
+        did: 0 when it finished; otherwise :class:`RunFailed` with the exit code of
+        :mod:`olmx.events` (75: stopped by a signal with a checkpoint, 76: stopped on a
+        non-finite loss) or, when processes died, the rank that died first and its log tail.
+
+        SIGTERM to this process (a scheduler taking the machine) is passed on to torchrun and
+        its processes, which finish their step and save a checkpoint; Ctrl-C does the same."""
+        import time
+        import uuid
+
         from rich.console import Console
 
+        from olmx.events import LAUNCH_ENV
         from olmx.launch.monitor import follow
 
+        cfg = self._cfg(plan)
         log_dir = Path(plan.run_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / f"node{self._cfg(plan).node_rank}.log"
+        log_path = log_dir / f"node{cfg.node_rank}.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        launch_id, started = uuid.uuid4().hex[:12], time.time()
+        env = {**TORCHRUN_ENV, **os.environ, LAUNCH_ENV: launch_id}
+        console = Console(stderr=True)
+        interrupted = False
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(self.command(plan), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+
+            def pass_on(signum: int, frame: Any) -> None:
+                console.print(f"{signal.Signals(signum).name}: stopping the run at the end of this step "
+                              f"(a checkpoint is saved)...")
+                os.killpg(proc.pid, signum)
+
+            previous = signal.signal(signal.SIGTERM, pass_on)
             try:
-                return follow(plan, proc.poll, log_path=log_path, console=Console(stderr=True))
-            except KeyboardInterrupt:
-                os.killpg(proc.pid, signal.SIGINT)
-                proc.wait()
-                raise RunFailed(f"interrupted; the run can resume from its last checkpoint in {plan.run_dir}", 130)
+                try:
+                    follow(plan, proc.poll, log_path=log_path, console=console)
+                    rc = 0
+                except RunFailed as exc:
+                    rc = exc.exit_code
+                except KeyboardInterrupt:
+                    interrupted = True
+                    pass_on(signal.SIGINT, None)
+                    rc = proc.wait()
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+        return self._conclude(plan, cfg, launch_id=launch_id, rc=rc, started=started, log_path=log_path,
+                              offset=offset, interrupted=interrupted, console=console)
+
+    def _conclude(self, plan: Any, cfg: LocalConfig, *, launch_id: str, rc: int, started: float, log_path: Path,
+                  offset: int, interrupted: bool, console: Any) -> int:
+        """Record the rank failures of this launch in ``events.jsonl`` and turn its outcome
+        into the return value or a :class:`RunFailed`."""
+        from olmx.events import append_event, outcome
+        from olmx.launch.failures import attempt_failures, latest_torchrun_dir
+
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            console_text = f.read().decode(errors="replace")
+        failures = attempt_failures(console_text, latest_torchrun_dir(self._torchrun_logs(plan), since=started),
+                                    node_rank=cfg.node_rank)
+        for failure in failures:
+            append_event(plan.run_dir, "rank_failed", launch=launch_id, **failure.as_event())
+        result = outcome(plan.run_dir, launch=launch_id, returncode=rc)
+        restarts = failures if result.state != "failed" else failures[:-1]
+        for failure in restarts:
+            console.print(f"[yellow]restarted[/] after {failure.describe()}")
+        if result.state == "complete":
+            return 0
+        resume = f"run the same olmx train again (trainer.run_dir={plan.run_dir}) to resume"
+        if result.state == "stopped":
+            raise RunFailed(f"{'interrupted, ' if interrupted else ''}{result.message}: {resume}",
+                            130 if interrupted else result.exit_code)
+        if result.state == "nonfinite":
+            raise RunFailed(f"{result.message}; lower the learning rate (or set trainer.on_nonfinite=skip) "
+                            f"and {resume}", result.exit_code)
+        if failures:
+            last = failures[-1]
+            where = f" ({last.log})" if last.log else ""
+            raise RunFailed(f"training failed: {last.describe()}; no restarts left "
+                            f"(infra.max_restarts={cfg.max_restarts}). Last lines of its log{where}:\n{last.tail}",
+                            rc or 1)
+        from olmx.launch.monitor import tail
+
+        raise RunFailed(f"training failed with exit code {rc}; last lines of {log_path}:\n{tail(log_path)}", rc or 1)
+
+    @staticmethod
+    def _torchrun_logs(plan: Any) -> Path:
+        return Path(plan.run_dir) / "logs" / "torchrun"
 
     @staticmethod
     def _cfg(plan: Any) -> LocalConfig:

@@ -17,16 +17,22 @@ class DataParallelStrategy:
 
     api = ">=1.0,<2"
 
-    def __init__(self, *, name: str, description: str, config: type, summary: str) -> None:
+    def __init__(self, *, name: str, description: str, config: type, summary: str,
+                 dp_type: str | None = None) -> None:
         self.name = name
+        self._dp_type = dp_type or name
         self.description = description
         self.Config = config
         self._summary = summary
 
     def resolve(self, cfg: Any, run: Any, world: World) -> Contribution:
-        """Every process is a data-parallel rank of this strategy."""
-        return Contribution(rows=[("ranks", f"{world.size}, {self._summary}")],
-                            mesh={"dp": world.size}, data_parallel=True)
+        """Check this strategy's own settings (the mesh comes from :meth:`dp_mesh`)."""
+        return Contribution(rows=[("layout", self._summary)], data_parallel=True)
+
+    def dp_mesh(self, cfg: Any, dp_ranks: int, world: World) -> dict[str, int]:
+        """Mesh dimensions of the ``dp_ranks`` data-parallel ranks (those not taken by
+        context or other non-data-parallel degrees)."""
+        return {"dp": dp_ranks}
 
     def dp_config_kwargs(self, cfg: Any) -> dict[str, Any]:
         """Keyword arguments of ``TransformerDataParallelConfig`` beyond ``name``."""
@@ -38,5 +44,5 @@ class DataParallelStrategy:
         from olmo_core.train.train_module import TransformerDataParallelConfig
 
         train_module["dp_config"] = TransformerDataParallelConfig(
-            name=DataParallelType(self.name), **self.dp_config_kwargs(cfg)
+            name=DataParallelType(self._dp_type), **self.dp_config_kwargs(cfg)
         )

@@ -1,0 +1,230 @@
+"""Stopping cleanly on a signal, non-finite steps, and test-only fault injection.
+
+**Signals.** OLMo-core 3.0.0's Trainer turns SIGTERM/SIGINT into a cancel request that ranks
+exchange every ``cancel_check_interval`` steps in a bookkeeping thread (``trainer.py``,
+``_check_if_canceled``): each rank sees the agreed flag whenever that thread finishes, so one
+rank can stop while another is already in the next step's collectives. olmx installs handlers
+that only set a flag (:func:`install_stop_handlers`, from the first line of the worker, so a
+signal during start-up is kept) and :class:`TrainingGuard` all-reduces that flag synchronously
+once per step, before the optimizer step. Every rank gets the same answer at the same step,
+finishes the step, and cancels with ``Trainer.cancel_run(no_sync=True)``; the checkpointer's
+``post_train`` then saves that step. The worker exits with ``EXIT_PREEMPTED`` (75).
+
+**Non-finite loss or gradients.** In the same all-reduce every rank reports whether its loss
+(``train/CE loss``) or the norm of any of its local gradient shards is non-finite, so all ranks
+act alike (``trainer.on_nonfinite``):
+
+- ``skip``: the gradients are dropped (``zero_grad(set_to_none=True)``; torch's AdamW leaves a
+  parameter without a gradient, its moments and its step count untouched, so the optimizer
+  step is a no-op), the step's ``train/*`` metrics are removed (OLMo-core raises on a
+  non-finite loss when it logs it), and the step is counted in the summary.
+- ``stop``: the same, then the run stops as on a signal: the checkpoint saved at that step
+  holds the parameters and optimizer state from before it (the bad batch is not applied, the
+  data position is after it), and the worker exits with ``EXIT_NONFINITE`` (76).
+
+Cost: one all-reduce of two integers and one host sync per step.
+
+**Fault injection** (tests and ``benchmarks/soak.py`` only). ``OLMX_FAULTS`` in the worker's
+environment is a comma-separated list of ``KIND@STEP`` or ``KIND@STEP:RANK`` (default rank 0;
+``nan`` without a rank poisons every rank). Each fault fires once per run directory (a marker
+file in ``RUN_DIR/work/faults/``), so a restarted or resumed run passes the step again safely.
+
+- ``nan``: the input embeddings of that step's forward pass are multiplied by NaN (the loss
+  and every gradient become NaN, the parameters are untouched);
+- ``kill``: SIGKILL of the rank after its backward pass, before the optimizer step;
+- ``term``: SIGTERM to the rank at the same point (a preemption notice reaching one rank);
+- ``hold``: the rank waits there until a stop signal arrives (at most 120 s), so a test can
+  send a real signal at a known step;
+- ``killsave``: SIGKILL of the rank while saving that step's checkpoint, after its files are
+  written and before it is verified and published.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from olmo_core.train.callbacks import Callback
+
+from olmx.events import append_event
+from olmx.stop import install_stop_handlers, request_stop, stop_requested
+
+log = logging.getLogger(__name__)
+
+#: The environment variable of :func:`inject`.
+FAULTS_ENV = "OLMX_FAULTS"
+#: How :class:`TrainingGuard` treats a non-finite loss or gradient.
+ON_NONFINITE = ("stop", "skip")
+
+_fault_dir: Path | None = None
+
+
+def agree_stop() -> int:
+    """The stop signal any rank received (a collective; 0: none)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([stop_requested()], dtype=torch.int64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def _local_nonfinite(trainer: Any) -> bool:
+    """Whether this rank's loss or any of its local gradient shards is NaN/inf."""
+    import torch
+    from olmo_core.distributed.utils import get_local_tensor
+    from olmo_core.train.common import TRAIN_CE_LOSS_METRIC
+
+    loss = trainer.get_metric(TRAIN_CE_LOSS_METRIC)
+    if loss is not None and not bool(torch.isfinite(get_local_tensor(loss)).all()):
+        return True
+    grads = [get_local_tensor(p.grad) for p in trainer.train_module.model.parameters() if p.grad is not None]
+    grads = [g for g in grads if g.numel()]
+    if not grads:
+        return False
+    norms = torch._foreach_norm(grads)  # one fused pass; NaN/inf anywhere makes its norm non-finite
+    return not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+
+
+@dataclass
+class TrainingGuard(Callback):
+    """Agrees on stop signals and non-finite steps across ranks, once per step (module doc)."""
+
+    #: Runs after every other callback's ``pre_optim_step`` (an injected fault comes first).
+    priority: ClassVar[int] = -100
+
+    #: ``stop`` or ``skip`` (``trainer.on_nonfinite``).
+    on_nonfinite: str = "stop"
+    run_dir: str = ""
+    #: Steps skipped or stopped at for a non-finite loss/gradient (kept in checkpoints).
+    nonfinite_steps: list[int] = field(default_factory=list)
+    #: Why the run is stopping early: a signal name or ``nonfinite`` (None: it is not).
+    stop_reason: str | None = None
+
+    def pre_train(self) -> None:
+        """Take SIGTERM/SIGINT back from the handlers ``Trainer.fit`` just installed."""
+        install_stop_handlers()
+        if getattr(self.trainer, "_cancel_reason", None):  # a signal landed in OLMo-core's handler
+            request_stop(signal.SIGTERM)
+
+    def pre_optim_step(self) -> None:
+        """The per-step all-reduce of (stop signal, non-finite) and what follows from it."""
+        import torch
+        import torch.distributed as dist
+        from olmo_core.distributed.utils import get_rank
+        from olmo_core.train.common import ReduceType
+
+        flags = torch.tensor([stop_requested(), int(_local_nonfinite(self.trainer))], dtype=torch.int64)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        signum, nonfinite = int(flags[0]), bool(flags[1])
+        if nonfinite:
+            self.trainer.train_module.zero_grads()
+            # OLMo-core raises on a non-finite CE loss when it logs the step's metrics and has no
+            # public way to withdraw a recorded metric: drop this step's losses from its buffer.
+            step_metrics = getattr(self.trainer, "_metrics", {}).get(self.step, {})
+            for name in [n for n in step_metrics if n.startswith("train/")]:
+                del step_metrics[name]
+            self.trainer.record_metric("olmx/non-finite step", 1.0, reduce_type=ReduceType.max)
+            self.nonfinite_steps.append(self.step)
+            action = "skipped" if self.on_nonfinite == "skip" else "stopping"
+            log.warning(f"non-finite loss or gradient at step {self.step}: optimizer step {action}")
+            if get_rank() == 0:
+                append_event(self.run_dir, "nonfinite", step=self.step, action=self.on_nonfinite)
+            if self.on_nonfinite == "stop":
+                self.stop_reason = self.stop_reason or "nonfinite"
+        if signum and self.stop_reason is None:
+            self.stop_reason = signal.Signals(signum).name
+
+    def post_step(self) -> None:
+        """Cancel on every rank at the step they agreed on (the checkpointer then saves it)."""
+        if self.stop_reason is not None and not self.trainer.is_canceled:
+            self.trainer.cancel_run(self.stop_reason, no_sync=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The non-finite steps so far (they survive resumes)."""
+        return {"nonfinite_steps": list(self.nonfinite_steps)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.nonfinite_steps = list(state_dict.get("nonfinite_steps", []))
+
+
+def configure_faults(run_dir: str | Path) -> None:
+    """Where :func:`inject` keeps its once-only markers (``RUN_DIR/work/faults``)."""
+    global _fault_dir
+    _fault_dir = Path(run_dir) / "work" / "faults"
+
+
+def _faults() -> list[tuple[str, int, int | None]]:
+    out = []
+    for item in filter(None, (s.strip() for s in os.environ.get(FAULTS_ENV, "").split(","))):
+        kind, _, where = item.partition("@")
+        step, _, rank = where.partition(":")
+        out.append((kind, int(step), int(rank) if rank else None))
+    return out
+
+
+def inject(kind: str, step: int) -> bool:
+    """Fire the fault ``kind`` at ``step`` on this rank if ``OLMX_FAULTS`` asks for it and it
+    has not fired yet (module doc); True if it fired (``nan``: the caller poisons the step)."""
+    if FAULTS_ENV not in os.environ or _fault_dir is None:
+        return False
+    rank = int(os.environ.get("RANK", 0))
+    for k, s, r in _faults():
+        if k != kind or s != step or (r if r is not None else (rank if kind == "nan" else 0)) != rank:
+            continue
+        marker = _fault_dir / f"{kind}@{step}.rank{rank}"
+        if marker.exists():
+            return False
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        log.warning(f"injecting fault {kind} at step {step} on rank {rank}")
+        if kind in ("kill", "killsave"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif kind == "hold":
+            deadline = time.monotonic() + 120
+            while not stop_requested() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return True
+    return False
+
+
+@dataclass
+class FaultInjector(Callback):
+    """Fires the faults of ``OLMX_FAULTS`` (tests only; added when that variable is set)."""
+
+    priority: ClassVar[int] = 100
+    _hook: Any = field(default=None, repr=False)
+
+    def pre_step(self, batch: dict[str, Any]) -> None:
+        """``nan``: poison this step's input embeddings."""
+        if inject("nan", self.step):
+            embeddings = self.trainer.train_module.model.embeddings
+            self._hook = embeddings.register_forward_hook(lambda m, i, out: out * float("nan"))
+
+    def pre_optim_step(self) -> None:
+        """``kill``, ``term``, ``hold`` after the backward pass; remove a ``nan`` hook."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        for kind in ("kill", "term", "hold"):
+            inject(kind, self.step)
+
+
+def fault_callbacks(run: Any, run_dir: str) -> dict[str, Callback]:
+    """The Trainer callbacks of this module for a run."""
+    callbacks: dict[str, Callback] = {"olmx_guard": TrainingGuard(on_nonfinite=run.trainer.on_nonfinite,
+                                                                  run_dir=run_dir)}
+    if os.environ.get(FAULTS_ENV):
+        configure_faults(run_dir)
+        callbacks["olmx_faults"] = FaultInjector()
+    return callbacks

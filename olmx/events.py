@@ -1,0 +1,123 @@
+"""The run's event log, ``RUN_DIR/events.jsonl``, and the exit codes of a stopped run.
+
+What happened to a run, beyond its per-step metrics, is appended here as one JSON object per
+line: every start of the worker group (``start``, with the torchrun ``attempt`` and the step it
+resumed from), checkpoints found partial or corrupt at resume (``checkpoint_partial``,
+``checkpoint_corrupt``), non-finite steps (``nonfinite``), how the processes ended (``end``,
+``reason``: ``max_steps``, ``stop_at_step``, a signal name or ``nonfinite``, with the step whose
+checkpoint was saved), a ``trainer.resume=false`` start (``fresh``), and the rank failures the
+launcher read from torchrun (``rank_failed``). The launcher, ``olmx
+report`` and a requeueing batch script read it; nothing here imports torch.
+
+Each record carries ``time`` and, when the launcher set ``OLMX_LAUNCH_ID`` in the environment
+of torchrun, ``launch``: the outcome of one launch is read from that launch's records only.
+Only rank 0 (or the launcher) writes; records are single short ``write`` calls in append mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "events.jsonl"
+#: Environment variable naming the launch whose processes write events.
+LAUNCH_ENV = "OLMX_LAUNCH_ID"
+
+#: Exit code of a run stopped by SIGTERM/SIGINT after saving a checkpoint: rerun the same
+#: ``olmx train`` (same run directory) to resume. ``EX_TEMPFAIL`` of sysexits.h.
+EXIT_PREEMPTED = 75
+#: Exit code of a run stopped on a non-finite loss or gradient (``trainer.on_nonfinite=stop``)
+#: after saving a checkpoint of the last good parameters.
+EXIT_NONFINITE = 76
+
+
+def append_event(run_dir: str | Path, event: str, **fields: Any) -> dict[str, Any]:
+    """Append one record (``event`` plus ``fields``, ``time`` and ``launch``) and return it."""
+    record: dict[str, Any] = {"event": event, "time": round(time.time(), 3)}
+    launch = os.environ.get(LAUNCH_ENV)
+    if launch:
+        record["launch"] = launch
+    record.update(fields)
+    path = Path(run_dir) / EVENTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab+") as f:
+        torn = f.seek(0, os.SEEK_END) > 0 and f.seek(-1, os.SEEK_END) >= 0 and f.read(1) != b"\n"
+        f.write((("\n" if torn else "") + json.dumps(record) + "\n").encode())  # a torn line stays alone
+    return record
+
+
+def read_events(run_dir: str | Path, *, launch: str | None = None) -> list[dict[str, Any]]:
+    """The records of the run (of one launch if ``launch`` is given); a torn last line is skipped."""
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if launch is None or record.get("launch") == launch:
+            out.append(record)
+    return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a launch ended, as its events tell it."""
+
+    #: ``complete``, ``stopped`` (signal), ``nonfinite`` (stopped on a non-finite loss) or
+    #: ``failed`` (no final record: the processes died or raised).
+    state: str
+    #: The exit code ``olmx train`` should end with.
+    exit_code: int
+    #: Step of the last checkpoint written, where known.
+    step: int | None
+    #: One line for the user.
+    message: str
+
+
+def outcome(run_dir: str | Path, *, launch: str | None = None, returncode: int | None = None) -> Outcome:
+    """The outcome of a launch from its last ``end`` record (``returncode``: torchrun's, used
+    when there is none)."""
+    final = None
+    for record in read_events(run_dir, launch=launch):
+        if record["event"] == "end":
+            final = record
+        elif record["event"] == "start":
+            final = None  # a later attempt started: only its own end counts
+    if final is None:
+        return Outcome("failed", returncode or 1, None, "the processes ended without a final record")
+    step, reason = final.get("step"), final.get("reason")
+    if reason == "max_steps":
+        return Outcome("complete", 0, step, f"finished at step {step}")
+    if reason == "stop_at_step":
+        return Outcome("complete", 0, step, f"stopped at trainer.stop_at_step={step}")
+    if reason == "nonfinite":
+        return Outcome("nonfinite", EXIT_NONFINITE, step,
+                       f"stopped on a non-finite loss/gradient at step {step}; the checkpoint of step {step} holds "
+                       f"the parameters from before that step")
+    return Outcome("stopped", EXIT_PREEMPTED, step, f"stopped by {reason}; checkpoint saved at step {step}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m olmx.events RUN_DIR [LAUNCH_ID]``: print a run's (or launch's) outcome and
+    exit with its code (0 complete, 75 preempted with a checkpoint, 76 non-finite stop, 1
+    failed): what a batch script checks before it requeues a job."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print(main.__doc__)
+        return 2
+    result = outcome(args[0], launch=args[1] if len(args) > 1 else None)
+    print(f"{result.state}: {result.message}")
+    return result.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,273 @@
+"""``olmx report RUN_DIR [--compare RUN_DIR...]``: a run's summary table and its plots.
+
+Everything comes from the files the run left (no torch, works on a finished, stopped or
+crashed run): ``plan.yaml`` (config, world, batch), ``metrics.jsonl`` (per step),
+``summary.json`` (per process, written when training ends) and ``events.jsonl`` (starts,
+restarts and their causes, stops, non-finite steps, checkpoints found corrupt). Only the part
+of the history after the last ``trainer.resume=false`` start is reported.
+
+Written to ``RUN_DIR/report/``: ``loss.png``, ``lr.png``, ``throughput.png``, ``memory.png``
+(steps on the x axis; dotted lines where the run resumed, red dashes at non-finite steps, a red
+cross where a failed run ended) and
+``summary.txt``. With ``--compare`` every plot overlays the other runs and the table has one
+column per run.
+
+MFU is the measured model FLOP/s per device (OLMo-core's ``throughput/device/flopsPS``, from
+its FLOPs-per-token count) over the device's dense BF16 peak from :data:`PEAK_BF16_FLOPS`; it is
+shown only for a known GPU and BF16-class precision (bf16, mxfp8), as OLMo-core does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from olmx.errors import ConfigError
+from olmx.events import read_events
+
+REPORT_DIR = "report"
+PLOTS = ("loss", "lr", "throughput", "memory")
+#: Dense BF16 tensor-core peak FLOP/s by device-name fragment (first match wins; vendor specs).
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2.5e15), ("B300", 2.25e15), ("B200", 2.25e15),
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200", 989e12), ("H100", 989e12), ("GH200", 989e12),
+    ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("L4", 121e12),
+)
+HALF_PRECISIONS = ("bf16", "mxfp8")
+
+
+@dataclass
+class RunData:
+    """What a run directory holds, read once."""
+
+    path: Path
+    plan: dict[str, Any]
+    records: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    events: list[dict[str, Any]]
+    label: str = ""
+    rows: dict[str, str] = field(default_factory=dict)
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run directory (ConfigError if it is not one)."""
+    import yaml
+
+    path = Path(run_dir).expanduser()
+    plan_path = path / "plan.yaml"
+    if not plan_path.is_file():
+        raise ConfigError("RUN_DIR", f"'{path}' is not an olmx run directory (it has no plan.yaml)")
+    plan = yaml.safe_load(plan_path.read_text())
+    records = []
+    metrics = path / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text(errors="replace").splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    summary = None
+    if (path / "summary.json").is_file():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except ValueError:
+            summary = None
+    events = read_events(path)
+    fresh = [i for i, e in enumerate(events) if e["event"] == "fresh"]
+    if fresh:
+        events = events[fresh[-1] + 1:]
+    return RunData(path=path, plan=plan, records=records, summary=summary, events=events, label=path.name)
+
+
+def config_digest(plan: dict[str, Any]) -> str:
+    """First 12 hex digits of the SHA-256 of the resolved config (canonical JSON)."""
+    return hashlib.sha256(json.dumps(plan["config"], sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    """Dense peak FLOP/s of one device for the run's precision (None where unknown)."""
+    if precision not in HALF_PRECISIONS:
+        return None
+    for fragment, flops in PEAK_BF16_FLOPS:
+        if fragment in device_name:
+            return flops
+    return None
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _status(run: RunData) -> str:
+    """How the run stands: finished, stopped (why), or failed (which rank, why)."""
+    state, detail = "no record yet", ""
+    for e in run.events:
+        if e["event"] == "start":
+            state, detail = "running or died", ""
+        elif e["event"] == "rank_failed":
+            state, detail = "failed", f"{_failure(e)}"
+        elif e["event"] == "end":
+            reason = e.get("reason")
+            if reason == "max_steps":
+                state, detail = "finished", ""
+            elif reason == "stop_at_step":
+                state, detail = "paused", f"trainer.stop_at_step={e.get('step')}"
+            elif reason == "nonfinite":
+                state, detail = "stopped", f"non-finite loss at step {e.get('step')}"
+            else:
+                state, detail = "stopped", f"{reason} at step {e.get('step')}, checkpoint saved"
+    return f"{state}{f' ({detail})' if detail else ''}"
+
+
+def _failure(e: dict[str, Any]) -> str:
+    return f"node {e.get('node_rank', 0)} local rank {e.get('local_rank')}: {e.get('cause')}"
+
+
+def _restarts(run: RunData) -> list[str]:
+    """Every time the run started again after its first start, with the cause."""
+    out, cause, started = [], None, False
+    for e in run.events:
+        if e["event"] == "start":
+            if started:
+                how = "torchrun restart" if e.get("attempt") else "relaunch"
+                out.append(f"{how} from step {e.get('resumed_from') if e.get('resumed_from') is not None else 0}"
+                           f" after {cause or 'an unrecorded end'}")
+            started, cause = True, None
+        elif e["event"] == "rank_failed":
+            cause = _failure(e)
+        elif e["event"] == "end" and e.get("reason") != "max_steps":
+            cause = f"stop ({e.get('reason')}) at step {e.get('step')}"
+    return out
+
+
+def summarize(run: RunData) -> dict[str, str]:
+    """The rows of the summary table for one run."""
+    plan, records = run.plan, run.records
+    cfg, world, batch = plan["config"], plan["world"], plan["batch"]
+    model, t = cfg["model"], cfg["trainer"]
+    tokens_per_step = batch["global_seqs"] * batch["seq_len"]
+    losses = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
+    last_step = records[-1]["step"] if records else 0
+    precision = next(iter(cfg.get("precision", {}) or {"?": None}))
+    parallel = ",".join(cfg.get("parallel", {}) or []) or "none"
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+
+    procs = sorted((run.summary or {}).get("processes", []), key=lambda p: p["rank"])
+    if procs and all(p.get("tokens_per_s") for p in procs):
+        tps = ", ".join(fmt(p["tokens_per_s"], ",.0f") for p in procs)
+    else:
+        tps = fmt(_median([r.get("tokens_per_s_per_process") for r in records]), ",.0f")
+    flops = _median([r.get("flops_per_s_per_device") for r in records])
+    peak = peak_flops(world.get("device_name", ""), precision)
+    mfu = f"{100 * flops / peak:.3g}%" if flops and peak else f"- (peak of '{world.get('device_name')}' " \
+        f"with {precision} unknown)"
+    memory = ", ".join(fmt(p.get("peak_mem_mib"), ",.0f") for p in procs) if procs else \
+        fmt(max((r["peak_mem_mib"] for r in records if r.get("peak_mem_mib") is not None), default=None), ",.0f")
+    nonfinite = [e["step"] for e in run.events if e["event"] == "nonfinite"]
+    problems = [f"step {e.get('step')} corrupt ({e.get('problem')})" for e in run.events
+                if e["event"] == "checkpoint_corrupt"]
+    problems += [f"{Path(e['path']).name} partial, removed" for e in run.events if e["event"] == "checkpoint_partial"]
+    restarts = _restarts(run)
+    best = min(losses, key=lambda sl: sl[1]) if losses else None
+    return {
+        "status": _status(run),
+        "config digest": f"{config_digest(plan)}  (d_model {model['d_model']}, {model['n_layers']} layers, "
+                         f"{plan['params']['total']:,} params, seq {batch['seq_len']}, lr {t['lr']}, "
+                         f"{precision}, parallel {parallel})",
+        "world": f"{world['nnodes']} x {world['nproc_per_node']} {world.get('device_name', '')}",
+        "steps": f"{last_step} / {t['max_steps']}",
+        "tokens": f"{last_step * tokens_per_step:,}",
+        "loss first / last / best": (f"{fmt(losses[0][1], '.4f')} / {fmt(losses[-1][1], '.4f')} / "
+                                     f"{best[1]:.4f} (step {best[0]})") if losses else "-",
+        "tokens/s per device": tps,
+        "MFU": mfu,
+        "peak memory (MiB)": memory,
+        "restarts": f"{len(restarts)}" + "".join(f"\n- {r}" for r in restarts),
+        "non-finite steps": f"{len(nonfinite)}" + (f" (steps {', '.join(map(str, nonfinite))}, "
+                                                   f"on_nonfinite={t.get('on_nonfinite', 'stop')})" if nonfinite else ""),
+        "checkpoint problems": "; ".join(problems) or "none",
+    }
+
+
+def _resume_steps(run: RunData) -> list[int]:
+    return [e["resumed_from"] for e in run.events if e["event"] == "start" and e.get("resumed_from")]
+
+
+def plot(runs: list[RunData], out_dir: Path) -> list[Path]:
+    """Write the four PNG plots (every run overlaid) into ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {
+        "loss": ("training loss", lambda r: r.get("loss")),
+        "lr": ("learning rate", lambda r: r.get("lr")),
+        "throughput": ("tokens/s per device", lambda r: r.get("tokens_per_s_per_process")),
+        "memory": ("peak memory per process (MiB)", lambda r: r.get("peak_mem_mib")),
+    }
+    paths = []
+    for name in PLOTS:
+        ylabel, get = series[name]
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        for i, run in enumerate(runs):
+            points = [(r["step"], get(r)) for r in run.records if get(r) is not None]
+            color = f"C{i}"
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, color=color, label=run.label, marker="." if len(points) < 60 else None)
+                if _status(run).startswith("failed"):  # where it died
+                    ax.plot(xs[-1], ys[-1], "x", color="red", markersize=12, markeredgewidth=2)
+            for step in _resume_steps(run):
+                ax.axvline(step, color=color, linestyle=":", alpha=0.7)
+            for step in (e["step"] for e in run.events if e["event"] == "nonfinite"):
+                ax.axvline(step, color="red", linestyle="--", alpha=0.6)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ylabel} ({', '.join(r.label for r in runs)})")
+        ax.grid(alpha=0.3)
+        if len(runs) > 1:
+            ax.legend()
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_report(run_dir: str | Path, *, compare: list[str | Path] | None = None, console: Any = None) -> Path:
+    """Print the summary table and write ``RUN_DIR/report/`` (plots and ``summary.txt``) for
+    ``run_dir``, overlaying ``compare``; returns the report folder."""
+    from rich.console import Console
+    from rich.table import Table
+
+    runs = [load_run(run_dir)] + [load_run(p) for p in compare or []]
+    if len({r.label for r in runs}) < len(runs):
+        for r in runs:
+            r.label = str(r.path)
+    for r in runs:
+        r.rows = summarize(r)
+    out_dir = runs[0].path / REPORT_DIR
+    out_dir.mkdir(exist_ok=True)
+    plot(runs, out_dir)
+
+    table = Table(title=f"olmx report: {runs[0].path}", show_header=len(runs) > 1, title_justify="left")
+    table.add_column("", style="bold")
+    for r in runs:
+        table.add_column(r.label)
+    for key in runs[0].rows:
+        table.add_row(key, *(r.rows[key] for r in runs))
+    text = Console(record=True, width=160, file=io.StringIO())
+    text.print(table)
+    (out_dir / "summary.txt").write_text(text.export_text())
+    console = console or Console()
+    console.print(table)
+    console.print(f"plots: {', '.join(str(out_dir / f'{n}.png') for n in PLOTS)}", markup=False)
+    return out_dir

@@ -1,0 +1,184 @@
+"""``olmx provision runpod ...``: make and manage RunPod pods from the command line.
+
+``olmx provision runpod [--dry-run] [OVERRIDES]`` composes and resolves the plan exactly as
+``olmx train infra=runpod OVERRIDES`` would, creates its pod (or, with ``infra.nodes`` > 1,
+its instant cluster), waits until it runs with SSH and prints how to reach it and how to
+train on it. ``list``, ``status``, ``stop``, ``start``, ``terminate`` and
+``terminate-cluster`` manage what exists.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from olmx.errors import ConfigError, OlmxError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class _UpByDefault(typer.core.TyperGroup):
+    """Arguments that do not start with a sub-command name go to ``up``
+    (``olmx provision runpod infra.gpus_per_node=8``)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["up", *args]
+        return super().parse_args(ctx, args)
+
+
+def _clean(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """An olmx error becomes one message and its exit code (as in the rest of the CLI)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OlmxError as exc:
+            from rich.text import Text
+
+            err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def app() -> typer.Typer:
+    """The ``olmx provision runpod`` command group."""
+    group = typer.Typer(cls=_UpByDefault, no_args_is_help=True, add_completion=False,
+                        help="Create and manage RunPod pods (REST API v2; key from RUNPOD_API_KEY).")
+    group.command("up", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(_clean(up))
+    group.command("list")(_clean(list_all))
+    group.command("status")(_clean(status))
+    group.command("start")(_clean(start))
+    group.command("stop")(_clean(stop))
+    group.command("terminate")(_clean(terminate))
+    group.command("terminate-cluster")(_clean(terminate_cluster))
+    return group
+
+
+def _client() -> Any:
+    from olmx_plugins.infra.runpod.client import RunPodClient
+
+    return RunPodClient.from_env()
+
+
+def up(
+    overrides: Optional[list[str]] = typer.Argument(None, help="The run's overrides, as for olmx train."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the request (key redacted); send nothing."),
+) -> None:
+    """Create the pod(s) for a plan, wait until they run with SSH, print how to reach them."""
+    from olmx.config.compose import compose, to_object
+    from olmx.plan.resolve import resolve
+    from olmx.registry import registry
+    from olmx_plugins.infra.runpod.client import ReadyCluster, redacted_request
+    from olmx_plugins.infra.runpod.plugin import RUNPOD, _pod_env
+
+    reg = registry()
+    overrides = list(overrides or [])
+    run = to_object(compose(["infra=runpod", *overrides], reg), reg)
+    if run.infra_name != "runpod":
+        raise ConfigError("infra", f"olmx provision runpod provisions infra=runpod, not infra={run.infra_name}")
+    plan = resolve(run, reg)
+    cfg = RUNPOD._cfg(plan)
+    name = RUNPOD._name(cfg, plan)
+    if dry_run:
+        shown = {**cfg.env, **{k: f"<redacted: ${k} of the launching environment>" for k in cfg.pass_env}}
+        path, body = RUNPOD.request(cfg, name=name, env=shown)
+        out.print(redacted_request("POST", path, body), markup=False)
+        return
+    env = _pod_env(cfg)
+    RUNPOD.request(cfg, name=name, env=env)
+    client = _client()
+    with err.status(f"Creating RunPod {'cluster' if cfg.nodes > 1 else 'pod'} {name} and waiting until it runs"):
+        ready = client.provision(RUNPOD.spec_for(cfg, name=name, env=env), timeout=cfg.wait_timeout,
+                                 poll=cfg.poll_seconds)
+    key = ["-i", cfg.ssh_key] if cfg.ssh_key else []
+    train = " ".join(["olmx train", *overrides])
+    if isinstance(ready, ReadyCluster):
+        out.print(f"RunPod cluster [bold]{ready.id}[/] ({name}) is running:")
+        for rank, node in enumerate(ready.nodes):
+            out.print(f"  node {rank}: pod {node.id}: {' '.join([*node.ssh.command(), *key])}", markup=False)
+        out.print(f"Train on it:  {train} infra.cluster_id={ready.id}", markup=False)
+        out.print(f"Terminate it: olmx provision runpod terminate-cluster {ready.id}", markup=False)
+        return
+    out.print(f"RunPod pod [bold]{ready.id}[/] ({name}) is running.")
+    out.print(f"Reach it:     {' '.join([*ready.ssh.command(), *key])}", markup=False)
+    out.print(f"Train on it:  {train} infra.pod_id={ready.id}", markup=False)
+    out.print(f"Stop it:      olmx provision runpod stop {ready.id}   (the container disk is wiped)", markup=False)
+    out.print(f"Delete it:    olmx provision runpod terminate {ready.id}", markup=False)
+
+
+def _row(pod: dict[str, Any]) -> list[str]:
+    from olmx_plugins.infra.runpod.client import ssh_endpoint
+
+    gpu, cpu = pod.get("gpu") or {}, pod.get("cpu") or {}
+    compute = f"{gpu.get('count', 1)} x {gpu['id']}" if gpu.get("id") else (
+        f"CPU {cpu.get('id', '?')} x {cpu.get('vcpuCount', '?')}" if cpu else "-")
+    ssh = ssh_endpoint(pod)
+    cost = pod.get("cost")
+    return [str(pod.get("id")), str(pod.get("name", "")), str(pod.get("status", "?")), compute,
+            f"{cost:.2f}" if isinstance(cost, (int, float)) else "-",
+            " ".join(ssh.command()) if ssh else "-", str((pod.get("cluster") or {}).get("id", ""))]
+
+
+def list_all() -> None:
+    """Every pod and instant cluster of the account."""
+    from rich.table import Table
+
+    client = _client()
+    pods, clusters = client.list_pods(include_cluster_pods=True), client.list_clusters()
+    table = Table(title="RunPod pods")
+    for col in ("id", "name", "status", "compute", "$/h", "ssh", "cluster"):
+        table.add_column(col)
+    for pod in pods:
+        table.add_row(*_row(pod))
+    out.print(table)
+    if clusters:
+        ctable = Table(title="RunPod instant clusters")
+        for col in ("id", "name", "type", "pods"):
+            ctable.add_column(col)
+        for c in clusters:
+            by_status = (c.get("pods") or {}).get("byStatus") or {}
+            ctable.add_row(str(c.get("id")), str(c.get("name", "")), str(c.get("type", "")),
+                           ", ".join(f"{n} {s}" for s, n in by_status.items()) or "-")
+        out.print(ctable)
+
+
+def status(pod_id: str = typer.Argument(..., help="Pod id.")) -> None:
+    """One pod: status, compute, image, cost and how to reach it."""
+    pod = _client().get_pod(pod_id)
+    pid, name, state, compute, cost, ssh, cluster = _row(pod)
+    for label, value in (("pod", pid), ("name", name), ("status", state), ("compute", compute),
+                         ("image", str(pod.get("image", ""))), ("$/h", cost), ("ssh", ssh),
+                         ("cluster", cluster or "-")):
+        out.print(f"{label:8} {value}", markup=False)
+
+
+def start(pod_id: str = typer.Argument(..., help="Pod id.")) -> None:
+    """Start a stopped pod."""
+    pod = _client().start_pod(pod_id)
+    out.print(f"pod {pod_id}: {pod.get('status', '?')}")
+
+
+def stop(pod_id: str = typer.Argument(..., help="Pod id.")) -> None:
+    """Stop a pod (billing for its GPUs ends; its container disk is wiped)."""
+    pod = _client().stop_pod(pod_id)
+    out.print(f"pod {pod_id}: {pod.get('status', '?')}")
+
+
+def terminate(pod_id: str = typer.Argument(..., help="Pod id.")) -> None:
+    """Terminate and delete a pod."""
+    _client().terminate_pod(pod_id)
+    out.print(f"pod {pod_id}: terminated")
+
+
+def terminate_cluster(cluster_id: str = typer.Argument(..., help="Instant-cluster id.")) -> None:
+    """Terminate an instant cluster and all its pods."""
+    _client().terminate_cluster(cluster_id)
+    out.print(f"cluster {cluster_id}: terminated")

@@ -1,0 +1,470 @@
+"""Engram inside OLMo-core 3.0: a block config, the block classes, and the model seam.
+
+How the hash ids reach the blocks. OLMo-core's ``Transformer.forward`` passes every block
+``**all_block_kwargs, **per_block_kwargs[block_idx]``, both built by
+``Transformer._prepare_inputs``; keyword arguments that the model itself does not know are
+dropped there, and the blocks never see ``input_ids``. :func:`apply_engram_inputs` therefore
+switches the built model to a subclass (:class:`EngramTransformer`, like FSDP2 switches a
+module's class) whose ``_prepare_inputs`` compresses and hashes ``input_ids`` once per
+(micro-)batch for all Engram layers and adds ``per_block_kwargs[l]["engram_hash_ids"]`` (a
+``LongTensor[B, T, (N-1)*K]``) for each Engram layer ``l``. No global state: activation
+checkpointing and recomputation receive the same ids as the forward.
+
+An Engram block (:class:`EngramBlockConfig`) is any OLMo-core dense or MoE block plus an
+:class:`~.module.Engram` at ``block.engram``, run on the block input and added to the
+residual before attention: ``x = x + engram(x, engram_hash_ids)``, then the base block.
+
+Parallelism: sharded tables (``1d``/``2d``) are excluded from FSDP (the block passes them as
+``ignored_params``) and DDP (``EngramTransformer.apply_ddp`` passes them as
+``ignored_modules``). Tensor and context parallelism are refused: the Engram convolution
+needs whole, unsharded sequences.
+
+Optimizer: the tables match :data:`TABLE_PARAM_PATTERN` (``*.engram.table.weight``); put them
+in their own group (the paper: Adam, 5x learning rate, no weight decay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from torch.distributed import DeviceMesh
+from torch.distributed.tensor import Placement
+
+from olmo_core.config import Config
+from olmo_core.exceptions import OLMoConfigurationError
+from olmo_core.nn.buffer_cache import BufferCache
+from olmo_core.nn.transformer.block import (
+    LayerNormScaledTransformerBlock,
+    MoEReorderedNormTransformerBlock,
+    MoETransformerBlock,
+    PeriNormTransformerBlock,
+    ReorderedNormTransformerBlock,
+    TransformerBlock,
+    TransformerBlockBase,
+)
+from olmo_core.nn.transformer.config import (
+    TransformerBlockConfig,
+    TransformerDataParallelWrappingStrategy,
+)
+from olmo_core.nn.transformer.model import MoETransformer, Transformer
+
+from .compression import TokenizerCompression
+from .hashing import NgramHasher, ngram_table_sizes
+from .module import Engram
+from .sharding import EngramTable, TableSharding
+
+__all__ = [
+    "ENGRAM_HASH_IDS_KWARG",
+    "TABLE_PARAM_PATTERN",
+    "EngramBlockConfig",
+    "EngramConfig",
+    "EngramInputs",
+    "EngramMoETransformer",
+    "EngramTransformer",
+    "apply_engram_inputs",
+]
+
+ENGRAM_HASH_IDS_KWARG = "engram_hash_ids"
+"""Name of the per-block keyword argument that carries a layer's hash ids."""
+
+TABLE_PARAM_PATTERN = "*.engram.table.weight"
+"""fnmatch pattern (as in OLMo-core's ``OptimGroupOverride``) of every Engram table parameter."""
+
+_LAYER_SEED_STRIDE = 10007
+_Wrapping = TransformerDataParallelWrappingStrategy
+
+
+@dataclass
+class EngramConfig(Config):
+    """Hyperparameters shared by all Engram layers of a model (defaults: the official demo)."""
+
+    layer_ids: list[int] = field(default_factory=lambda: [1])
+    """0-based indices of the blocks that carry Engram (the demo: [1, 15])."""
+    max_ngram_size: int = 3
+    """``N``: hash n-grams of orders 2..N; also the dilation of the convolution."""
+    n_head_per_ngram: int = 8
+    """``K``: hash heads (tables) per order."""
+    n_embed_per_ngram: int = 512
+    """Width of one order's concatenated heads (a head's rows: this / K)."""
+    vocab_size_per_ngram: list[int] = field(default_factory=lambda: [65536, 65536])
+    """Configured size of each head's table, per order (N - 1 entries); the actual sizes are
+    the next unused primes above."""
+    kernel_size: int = 4
+    """Kernel of the causal depthwise convolution."""
+    seed: int = 0
+    """Seed of the hash multipliers (and, offset per layer, of the table initialisation)."""
+    zero_init_conv: bool = True
+    """Start the convolution at zero (the paper); False uses Conv1d's default init (the demo)."""
+    norm_eps: float = 1e-5
+    """Epsilon of the Engram RMSNorms."""
+    table_init_std: float = 1.0
+    """Standard deviation of the table initialisation (the demo: nn.Embedding's 1.0)."""
+    sharding: TableSharding = TableSharding.replicated
+    """``replicated``, ``1d`` (rows over all ranks) or ``2d`` (rows within groups of
+    ``shard_degree`` ranks, replicated across groups)."""
+    shard_degree: int | None = None
+    """Ranks per shard group, for ``sharding=2d``."""
+
+    def __post_init__(self):
+        self.sharding = TableSharding(self.sharding)
+        if self.sharding == TableSharding.two_d and not self.shard_degree:
+            raise OLMoConfigurationError("engram.sharding=2d needs engram.shard_degree")
+        try:
+            ngram_table_sizes(
+                layer_ids=self.layer_ids,
+                max_ngram_size=self.max_ngram_size,
+                n_head_per_ngram=self.n_head_per_ngram,
+                vocab_size_per_ngram=self.vocab_size_per_ngram,
+            )
+        except ValueError as e:
+            raise OLMoConfigurationError(f"invalid engram config: {e}") from e
+        if self.n_embed_per_ngram % self.n_head_per_ngram != 0:
+            raise OLMoConfigurationError(
+                f"engram.n_embed_per_ngram={self.n_embed_per_ngram} must be divisible by "
+                f"engram.n_head_per_ngram={self.n_head_per_ngram}"
+            )
+
+    def table_sizes(self, layer_id: int) -> list[int]:
+        """Prime table sizes of ``layer_id`` (the same as ``NgramHasher.table_sizes``)."""
+        sizes = ngram_table_sizes(
+            layer_ids=self.layer_ids,
+            max_ngram_size=self.max_ngram_size,
+            n_head_per_ngram=self.n_head_per_ngram,
+            vocab_size_per_ngram=self.vocab_size_per_ngram,
+        )
+        if layer_id not in sizes:
+            raise OLMoConfigurationError(
+                f"block {layer_id} is an Engram block but not in engram.layer_ids={self.layer_ids}"
+            )
+        return sizes[layer_id]
+
+    def build_hasher(self, *, pad_id: int, compressed_vocab_size: int) -> NgramHasher:
+        """The hasher; ``pad_id`` is canonical (``compression.canonical(raw_pad_id)``)."""
+        return NgramHasher(
+            layer_ids=self.layer_ids,
+            max_ngram_size=self.max_ngram_size,
+            n_head_per_ngram=self.n_head_per_ngram,
+            vocab_size_per_ngram=self.vocab_size_per_ngram,
+            pad_id=pad_id,
+            seed=self.seed,
+            compressed_vocab_size=compressed_vocab_size,
+        )
+
+    def build(self, *, d_model: int, layer_id: int, init_device: str = "cpu") -> Engram:
+        """The Engram module of block ``layer_id``."""
+        return Engram(
+            d_model=d_model,
+            table_sizes=self.table_sizes(layer_id),
+            max_ngram_size=self.max_ngram_size,
+            n_head_per_ngram=self.n_head_per_ngram,
+            n_embed_per_ngram=self.n_embed_per_ngram,
+            kernel_size=self.kernel_size,
+            zero_init_conv=self.zero_init_conv,
+            norm_eps=self.norm_eps,
+            table_init_std=self.table_init_std,
+            table_init_seed=self.seed + _LAYER_SEED_STRIDE * layer_id,
+            sharding=self.sharding,
+            shard_degree=self.shard_degree,
+            init_device=init_device,
+        )
+
+    def num_table_params(self, layer_id: int) -> int:
+        """Table parameters of one layer (rows x row width)."""
+        return sum(self.table_sizes(layer_id)) * (self.n_embed_per_ngram // self.n_head_per_ngram)
+
+    def num_dense_params(self, d_model: int) -> int:
+        """Non-table parameters of one Engram module."""
+        d_mem = (self.max_ngram_size - 1) * self.n_embed_per_ngram
+        return 2 * (d_mem * d_model + d_model) + 3 * d_model + self.kernel_size * d_model
+
+
+@dataclass
+class EngramBlockConfig(TransformerBlockConfig):
+    """An OLMo-core block (any dense or MoE ``name``) with Engram before its attention.
+
+    Place it with named blocks and ``block_pattern`` (or ``block_overrides``); the index of
+    every block built from it must be in ``engram.layer_ids``.
+    """
+
+    engram: EngramConfig | None = None
+    """The Engram hyperparameters (required)."""
+
+    def _engram(self) -> EngramConfig:
+        if self.engram is None:
+            raise OLMoConfigurationError("EngramBlockConfig.engram must be set")
+        return self.engram
+
+    def _base_config(self) -> TransformerBlockConfig:
+        return TransformerBlockConfig(
+            **{f.name: getattr(self, f.name) for f in fields(TransformerBlockConfig)}
+        )
+
+    def build(
+        self,
+        *,
+        d_model: int,
+        block_idx: int,
+        n_layers: int,
+        init_device: str = "cpu",
+        cache: BufferCache | None = None,
+    ) -> TransformerBlockBase:
+        """Build the base block, switch it to its Engram class and attach ``block.engram``."""
+        engram = self._engram()
+        block = self._base_config().build(
+            d_model=d_model,
+            block_idx=block_idx,
+            n_layers=n_layers,
+            init_device=init_device,
+            cache=cache,
+        )
+        engram_cls = _ENGRAM_BLOCK_CLASSES.get(type(block))
+        if engram_cls is None:
+            raise OLMoConfigurationError(
+                f"Engram does not support block type '{self.name}' ({type(block).__name__})"
+            )
+        block.__class__ = engram_cls
+        block.engram = engram.build(d_model=d_model, layer_id=block_idx, init_device=init_device)
+        return block
+
+    def num_params(self, d_model: int) -> int:
+        """Base block plus Engram. Per-layer primes differ by a few rows; this uses their mean
+        over ``engram.layer_ids`` (``Transformer.num_params`` of a built model is exact)."""
+        engram = self._engram()
+        tables = [engram.num_table_params(layer) for layer in engram.layer_ids]
+        return (
+            self._base_config().num_params(d_model)
+            + engram.num_dense_params(d_model)
+            + round(sum(tables) / len(tables))
+        )
+
+    def num_active_params(self, d_model: int) -> int:
+        """Base block's active parameters plus Engram's dense ones (tables count as sparse)."""
+        engram = self._engram()
+        return self._base_config().num_active_params(d_model) + engram.num_dense_params(d_model)
+
+
+class EngramBlockMixin:
+    """Adds ``self.engram`` before the base block's forward; see the module docstring."""
+
+    engram: Engram
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        engram_hash_ids: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """``base_block(x + engram(x, engram_hash_ids), **kwargs)``."""
+        if engram_hash_ids is None:
+            raise RuntimeError(
+                f"Engram block {getattr(self, 'block_idx', '?')} got no '{ENGRAM_HASH_IDS_KWARG}'; "
+                "prepare the model with apply_engram_inputs(model, ...)"
+            )
+        x = x + self.engram(x, engram_hash_ids)
+        return super().forward(x, **kwargs)  # type: ignore[misc]
+
+    def apply_fsdp(
+        self,
+        dp_mesh: DeviceMesh | None = None,
+        prefetch_factor: int = 0,
+        wrapping_strategy: _Wrapping = _Wrapping.full,
+        **fsdp_kwargs: Any,
+    ) -> None:
+        """The base block's FSDP wrapping, with a sharded table left out (``ignored_params``)."""
+        if self.engram.table.is_sharded:
+            ignored = set(fsdp_kwargs.get("ignored_params") or ())
+            fsdp_kwargs["ignored_params"] = ignored | {self.engram.table.weight}
+        super().apply_fsdp(  # type: ignore[misc]
+            dp_mesh=dp_mesh,
+            prefetch_factor=prefetch_factor,
+            wrapping_strategy=wrapping_strategy,
+            **fsdp_kwargs,
+        )
+
+    def apply_tp(
+        self, tp_mesh: DeviceMesh, *, input_layout: Placement, float8_enabled: bool = False
+    ) -> None:
+        """Refused: Engram is not tensor-parallel."""
+        raise NotImplementedError("Engram blocks do not support tensor parallelism")
+
+    def apply_cp(self, cp_mesh: DeviceMesh, ring: Any = None, uly: Any = None) -> None:
+        """Refused: the Engram convolution needs the whole sequence on each rank."""
+        raise NotImplementedError("Engram blocks do not support context parallelism")
+
+    def num_flops_per_token(self, seq_len: int) -> int:
+        """Base block plus Engram FLOPs."""
+        base = super().num_flops_per_token(seq_len)  # type: ignore[misc]
+        return base + self.engram.num_flops_per_token()
+
+
+class EngramTransformerBlock(EngramBlockMixin, TransformerBlock):
+    """``TransformerBlock`` (``name=default``) with Engram."""
+
+
+class EngramReorderedNormTransformerBlock(EngramBlockMixin, ReorderedNormTransformerBlock):
+    """``ReorderedNormTransformerBlock`` (OLMo 2/3, ``name=reordered_norm``) with Engram."""
+
+
+class EngramPeriNormTransformerBlock(EngramBlockMixin, PeriNormTransformerBlock):
+    """``PeriNormTransformerBlock`` (``name=peri_norm``) with Engram."""
+
+
+class EngramLayerNormScaledTransformerBlock(EngramBlockMixin, LayerNormScaledTransformerBlock):
+    """``LayerNormScaledTransformerBlock`` (``name=default_scaled``) with Engram."""
+
+
+class EngramMoETransformerBlock(EngramBlockMixin, MoETransformerBlock):
+    """``MoETransformerBlock`` (``name=moe``) with Engram."""
+
+
+class EngramMoEReorderedNormTransformerBlock(EngramBlockMixin, MoEReorderedNormTransformerBlock):
+    """``MoEReorderedNormTransformerBlock`` (``name=moe_reordered_norm``) with Engram."""
+
+
+_ENGRAM_BLOCK_CLASSES: dict[type, type] = {
+    TransformerBlock: EngramTransformerBlock,
+    ReorderedNormTransformerBlock: EngramReorderedNormTransformerBlock,
+    PeriNormTransformerBlock: EngramPeriNormTransformerBlock,
+    LayerNormScaledTransformerBlock: EngramLayerNormScaledTransformerBlock,
+    MoETransformerBlock: EngramMoETransformerBlock,
+    MoEReorderedNormTransformerBlock: EngramMoEReorderedNormTransformerBlock,
+}
+
+
+class EngramInputs:
+    """Raw token ids -> hash ids of every Engram layer (compression, then hashing)."""
+
+    def __init__(self, *, compression: TokenizerCompression, hasher: NgramHasher):
+        if hasher.compressed_vocab_size != compression.compressed_vocab_size:
+            raise ValueError(
+                f"hasher.compressed_vocab_size={hasher.compressed_vocab_size} != "
+                f"compression.compressed_vocab_size={compression.compressed_vocab_size}"
+            )
+        self.compression = compression
+        self.hasher = hasher
+
+    def __call__(self, input_ids: torch.Tensor) -> dict[int, torch.Tensor]:
+        """``{layer_id: LongTensor[B, T, (N-1)*K]}`` for raw ids ``[B, T]``."""
+        return self.hasher.hash_all(self.compression.compress(input_ids))
+
+
+class EngramModelMixin:
+    """Model side of Engram: hash ids into the block kwargs, sharded tables out of DDP."""
+
+    engram_inputs: EngramInputs
+
+    def _prepare_inputs(
+        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **kwargs: Any
+    ):
+        if getattr(self, "_cp_load_balancer", None) is not None:
+            raise RuntimeError("Engram does not support context parallelism")
+        if getattr(self, "_pp_enabled", False):
+            raise RuntimeError("Engram does not support pipeline parallelism")
+        input_ids, labels, all_block_kwargs, per_block_kwargs, lm_head_kwargs = (
+            super()._prepare_inputs(input_ids, labels, **kwargs)  # type: ignore[misc]
+        )
+        for layer_id, hash_ids in self.engram_inputs(input_ids).items():
+            per_block_kwargs[layer_id][ENGRAM_HASH_IDS_KWARG] = hash_ids
+        return input_ids, labels, all_block_kwargs, per_block_kwargs, lm_head_kwargs
+
+    def apply_ddp(
+        self,
+        dp_mesh: DeviceMesh | None = None,
+        param_dtype: torch.dtype | None = None,
+        compile_enabled: bool = False,
+        autograd_compile_enabled: bool = False,
+    ) -> None:
+        """OLMo-core's ``apply_ddp`` (3.0.0), with sharded Engram tables as ignored modules."""
+        modules = self.modules()  # type: ignore[attr-defined]
+        ignored = [m for m in modules if isinstance(m, EngramTable) and m.is_sharded]
+        if not ignored:
+            super().apply_ddp(  # type: ignore[misc]
+                dp_mesh=dp_mesh,
+                param_dtype=param_dtype,
+                compile_enabled=compile_enabled,
+                autograd_compile_enabled=autograd_compile_enabled,
+            )
+            return
+        from torch.distributed._composable.replicate import replicate
+
+        from olmo_core.nn.transformer import model as olmo_model
+
+        target_dtype = param_dtype or self.dtype  # type: ignore[attr-defined]
+        if target_dtype != self.dtype:  # type: ignore[attr-defined]
+            self.to(dtype=target_dtype)  # type: ignore[attr-defined]
+        if compile_enabled:
+            torch._dynamo.config.optimize_ddp = (  # type: ignore[attr-defined]
+                "python_reducer_without_compiled_forward"
+                if autograd_compile_enabled
+                else "ddp_optimizer"
+            )
+        replicate(
+            self, device_mesh=dp_mesh, bucket_cap_mb=100, ignored_modules=ignored  # type: ignore[arg-type]
+        )
+        self.register_forward_pre_hook(  # type: ignore[attr-defined]
+            olmo_model._hide_cpu_inputs_from_torch, prepend=True, with_kwargs=True
+        )
+        self.register_forward_pre_hook(  # type: ignore[attr-defined]
+            olmo_model._unhide_cpu_inputs_from_torch, prepend=False, with_kwargs=True
+        )
+
+
+class EngramTransformer(EngramModelMixin, Transformer):
+    """``Transformer`` that feeds Engram blocks their hash ids."""
+
+
+class EngramMoETransformer(EngramModelMixin, MoETransformer):
+    """``MoETransformer`` that feeds Engram blocks their hash ids."""
+
+
+_ENGRAM_MODEL_CLASSES: dict[type, type] = {
+    Transformer: EngramTransformer,
+    MoETransformer: EngramMoETransformer,
+}
+
+
+def apply_engram_inputs(
+    model: Transformer, *, compression: TokenizerCompression, hasher: NgramHasher
+) -> Transformer:
+    """Make ``model`` hash its input ids once per batch and pass them to its Engram blocks.
+
+    Switches the model to :class:`EngramTransformer` (or :class:`EngramMoETransformer`) and
+    checks that every Engram block's layer and table sizes agree with ``hasher``. Call it on
+    the built model before activation checkpointing, compile and DDP/FSDP (those wrap or
+    switch the class too). Returns ``model``.
+    """
+    cls = type(model)
+    if cls not in _ENGRAM_MODEL_CLASSES.values():
+        engram_cls = _ENGRAM_MODEL_CLASSES.get(cls)
+        if engram_cls is None:
+            raise OLMoConfigurationError(
+                f"Engram needs a Transformer or MoETransformer, got {cls.__name__} "
+                "(call apply_engram_inputs before parallelism wraps the model)"
+            )
+        model.__class__ = engram_cls
+    engram_layers = []
+    for key, block in model.blocks.items():
+        engram = getattr(block, "engram", None)
+        if not isinstance(engram, Engram):
+            continue
+        layer_id = int(key)
+        engram_layers.append(layer_id)
+        if layer_id not in hasher.layer_ids:
+            raise OLMoConfigurationError(
+                f"block {layer_id} has Engram but the hasher's layer_ids are {hasher.layer_ids}"
+            )
+        if engram.table.table_sizes != hasher.table_sizes(layer_id):
+            raise OLMoConfigurationError(
+                f"block {layer_id}: Engram table sizes differ from the hasher's"
+            )
+    if sorted(engram_layers) != sorted(hasher.layer_ids):
+        raise OLMoConfigurationError(
+            f"Engram blocks are {sorted(engram_layers)} but the hasher's layer_ids are "
+            f"{sorted(hasher.layer_ids)}"
+        )
+    inputs = EngramInputs(compression=compression, hasher=hasher)
+    model.engram_inputs = inputs  # type: ignore[attr-defined]
+    return model

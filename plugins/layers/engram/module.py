@@ -1,0 +1,159 @@
+"""The Engram layer for one block: lookup, context-aware gate, short causal convolution.
+
+Method (arXiv 2601.07372 §2.2-2.3, eq. 2-5, and ``Engram`` in the official
+deepseek-ai/Engram ``engram_demo_v1.py``, for a single residual branch, M = 1):
+
+1. ``e_t``: the rows of all ``(N-1)*K`` heads, concatenated (not averaged), width
+   ``d_mem = (N-1) * n_embed_per_ngram``.
+2. Gate: ``s_t = RMSNorm(W_K e_t) . RMSNorm(h_t) / sqrt(d)``, then the signed square root
+   ``sign(s) sqrt(max(|s|, 1e-6))`` (in the official code, not in the paper), then
+   ``alpha_t = sigmoid(.)``, a scalar per token in (0, 1).
+3. Value: ``v_t = alpha_t W_V e_t``.
+4. Output: ``Y = v + SiLU(Conv1d(RMSNorm(v)))``, a causal depthwise convolution with kernel
+   ``kernel_size`` and dilation ``N``, without bias. Its weight starts at zero (the paper;
+   the demo does not) unless ``zero_init_conv=False``, so at initialisation ``Y = v``.
+
+The block adds ``Y`` to the residual stream before attention. An output at position ``t``
+depends on tokens ``t - (kernel_size - 1) * N - (N - 1) .. t`` only: a receptive field of
+``(kernel_size - 1) * N + N`` tokens (12 with the defaults).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .sharding import EngramTable, TableSharding
+
+__all__ = ["Engram"]
+
+
+class Engram(nn.Module):
+    """Engram conditional memory for one layer (hidden states ``[B, T, d_model]``).
+
+    :param d_model: Width of the residual stream.
+    :param table_sizes: The layer's ``(N-1)*K`` table sizes, order-major then head
+        (``NgramHasher.table_sizes(layer_id)``).
+    :param max_ngram_size: ``N``; also the dilation of the convolution.
+    :param n_head_per_ngram: ``K``.
+    :param n_embed_per_ngram: Width of one order's concatenated heads; each head's rows have
+        ``n_embed_per_ngram // K`` entries.
+    :param kernel_size: Convolution kernel.
+    :param zero_init_conv: Start the convolution at zero (the paper).
+    :param norm_eps: Epsilon of the three RMSNorms.
+    :param table_init_std: Standard deviation of the table initialisation.
+    :param table_init_seed: Seed of the table initialisation.
+    :param sharding: ``replicated``, ``1d`` or ``2d`` (see :class:`~.sharding.EngramTable`).
+    :param shard_degree: Ranks per shard group for ``2d``.
+    :param init_device: Device of the parameters (``meta`` defers allocation).
+
+    Parameter names: ``table.weight`` (the memory; give it its own optimizer group),
+    ``key_proj.*``, ``value_proj.*``, ``key_norm.weight``, ``query_norm.weight``,
+    ``conv_norm.weight``, ``conv_weight``.
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        table_sizes: Sequence[int],
+        max_ngram_size: int,
+        n_head_per_ngram: int,
+        n_embed_per_ngram: int,
+        kernel_size: int = 4,
+        zero_init_conv: bool = True,
+        norm_eps: float = 1e-5,
+        table_init_std: float = 1.0,
+        table_init_seed: int = 0,
+        sharding: TableSharding | str = TableSharding.replicated,
+        shard_degree: int | None = None,
+        init_device: str | torch.device = "cpu",
+    ):
+        super().__init__()
+        num_heads = (max_ngram_size - 1) * n_head_per_ngram
+        if len(table_sizes) != num_heads:
+            raise ValueError(
+                f"got {len(table_sizes)} table sizes, need (max_ngram_size - 1) * "
+                f"n_head_per_ngram = {num_heads}"
+            )
+        if n_embed_per_ngram % n_head_per_ngram != 0:
+            raise ValueError(
+                f"n_embed_per_ngram={n_embed_per_ngram} must be divisible by "
+                f"n_head_per_ngram={n_head_per_ngram}"
+            )
+        if kernel_size < 1:
+            raise ValueError(f"kernel_size={kernel_size} must be >= 1")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_mem = (max_ngram_size - 1) * n_embed_per_ngram
+        self.kernel_size = kernel_size
+        self.dilation = max_ngram_size
+        self.zero_init_conv = zero_init_conv
+
+        self.table = EngramTable(
+            table_sizes=table_sizes,
+            dim=n_embed_per_ngram // n_head_per_ngram,
+            sharding=sharding,
+            shard_degree=shard_degree,
+            init_std=table_init_std,
+            init_seed=table_init_seed,
+            init_device=init_device,
+        )
+        self.key_proj = nn.Linear(self.d_mem, d_model, device=init_device)
+        self.value_proj = nn.Linear(self.d_mem, d_model, device=init_device)
+        self.key_norm = nn.RMSNorm(d_model, eps=norm_eps, device=init_device)
+        self.query_norm = nn.RMSNorm(d_model, eps=norm_eps, device=init_device)
+        self.conv_norm = nn.RMSNorm(d_model, eps=norm_eps, device=init_device)
+        # A bare parameter (not an nn.Conv1d child): OLMo-core calls reset_parameters() on
+        # every module parent-first, so a child Conv1d would overwrite the zero init.
+        self.conv_weight = nn.Parameter(torch.empty(d_model, 1, kernel_size, device=init_device))
+        self._reset_conv()
+
+    @property
+    def receptive_field(self) -> int:
+        """Tokens that one output position depends on: ``(kernel - 1) * N + N``."""
+        return (self.kernel_size - 1) * self.dilation + self.dilation
+
+    def _reset_conv(self) -> None:
+        if self.conv_weight.device.type == "meta":
+            return
+        if self.zero_init_conv:
+            nn.init.zeros_(self.conv_weight)
+        else:  # nn.Conv1d's default
+            nn.init.kaiming_uniform_(self.conv_weight, a=math.sqrt(5))
+
+    def reset_parameters(self) -> None:
+        """Re-initialise the convolution (children initialise themselves)."""
+        self._reset_conv()
+
+    def embed(self, hash_ids: torch.Tensor) -> torch.Tensor:
+        """``e``: ``hash_ids[B, T, H] -> [B, T, d_mem]`` (heads concatenated)."""
+        return self.table(hash_ids).flatten(start_dim=-2)
+
+    def gate(self, hidden: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """``alpha``: ``[B, T, 1]``, strictly inside (0, 1)."""
+        score = (self.key_norm(self.key_proj(e)) * self.query_norm(hidden)).sum(dim=-1)
+        score = score / math.sqrt(self.d_model)
+        score = score.abs().clamp_min(1e-6).sqrt() * score.sign()
+        return score.sigmoid().unsqueeze(-1)
+
+    def short_conv(self, v: torch.Tensor) -> torch.Tensor:
+        """``SiLU(causal depthwise dilated Conv1d(RMSNorm(v)))``, ``[B, T, d] -> [B, T, d]``."""
+        y = self.conv_norm(v).transpose(1, 2)
+        y = F.pad(y, ((self.kernel_size - 1) * self.dilation, 0))
+        y = F.conv1d(y, self.conv_weight.to(y.dtype), groups=self.d_model, dilation=self.dilation)
+        return F.silu(y).transpose(1, 2)
+
+    def forward(self, hidden: torch.Tensor, hash_ids: torch.Tensor) -> torch.Tensor:
+        """``Y`` for hidden states ``[B, T, d_model]`` and hash ids ``[B, T, (N-1)*K]``."""
+        e = self.embed(hash_ids).to(self.value_proj.weight.dtype)
+        v = self.gate(hidden, e) * self.value_proj(e)
+        return v + self.short_conv(v)
+
+    def num_flops_per_token(self) -> int:
+        """Training FLOPs per token (6 per matmul weight, like OLMo-core's feed-forward)."""
+        return 6 * (2 * self.d_mem * self.d_model + self.kernel_size * self.d_model)

@@ -1,0 +1,199 @@
+"""Engram: DeepSeek's hashed n-gram conditional memory before attention in chosen blocks.
+
+Faithful to the official ``engram_demo_v1.py`` (tokenizer compression, multi-head n-gram
+hashing with per-layer primes, gated value + dilated causal convolution); tables replicated
+or sharded over ranks (``1d``/``2d``) with only the looked-up rows exchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from olmx.errors import ConfigError
+from olmx.protocols import Contribution, World
+
+SHARDINGS = ("replicated", "1d", "2d")
+#: The official demo sizes each head's table at 5 x the tokenizer vocabulary (129280 * 5).
+VOCAB_MULTIPLE = 5
+
+
+@dataclass
+class EngramLayerConfig:
+    """Settings of ``layers=[engram]`` (defaults: the official demo, scaled to the run)."""
+
+    #: 0-based blocks that carry Engram; null: the demo's [1, 15] where the model is deep
+    #: enough, else [1].
+    layer_ids: Optional[list[int]] = None
+    #: N: hash n-grams of orders 2..N (also the convolution's dilation).
+    max_ngram_size: int = 3
+    #: K: hash heads (tables) per order.
+    n_head_per_ngram: int = 8
+    #: Width of one order's concatenated heads (each head's rows are this / K wide).
+    n_embed_per_ngram: int = 512
+    #: Configured rows of each head's table, per order (N-1 entries; the real sizes are the
+    #: next unused primes above); null: 5 x the padded vocabulary, as the demo (129280 x 5).
+    vocab_size_per_ngram: Optional[list[int]] = None
+    #: Kernel of the causal depthwise convolution.
+    kernel_size: int = 4
+    #: Seed of the hash multipliers (numpy default_rng(seed + 10007 * layer)).
+    seed: int = 0
+    #: Start the convolution at zero (the paper); false: Conv1d's default init (the demo).
+    zero_init_conv: bool = True
+    #: Collapse token ids that normalise to the same text (NFKC, NFD, strip accents,
+    #: lowercase, whitespace) before hashing; needs the run's tokenizer (bytes: built in).
+    compression: bool = True
+    #: ``replicated`` (plain parameters), ``1d`` (rows split over all ranks) or ``2d`` (rows
+    #: split within groups of ``shard_degree`` ranks, replicated across groups).
+    sharding: str = "replicated"
+    #: Ranks per shard group for ``sharding=2d``.
+    shard_degree: Optional[int] = None
+    #: Learning-rate multiplier of the tables' own parameter group (no weight decay).
+    table_lr_multiplier: float = 5.0
+    #: Standard deviation of the table initialisation (the demo: nn.Embedding's 1.0).
+    table_init_std: float = 1.0
+
+
+def layer_ids(cfg: EngramLayerConfig, n_layers: int) -> list[int]:
+    """The Engram blocks."""
+    if cfg.layer_ids is not None:
+        return list(cfg.layer_ids)
+    return [1, 15] if n_layers > 15 else [1] if n_layers > 1 else [0]
+
+
+def vocab_sizes(cfg: EngramLayerConfig, vocab: int) -> list[int]:
+    """Configured rows per head, per order."""
+    if cfg.vocab_size_per_ngram is not None:
+        return list(cfg.vocab_size_per_ngram)
+    return [VOCAB_MULTIPLE * vocab] * (cfg.max_ngram_size - 1)
+
+
+class EngramLayer:
+    """Adds Engram blocks through OLMo-core named blocks; hashes once per batch."""
+
+    name = "engram"
+    description = __doc__.splitlines()[0]
+    api = ">=1.0,<2"
+    Config = EngramLayerConfig
+
+    def resolve(self, cfg: EngramLayerConfig, run: Any, world: World) -> Contribution:
+        """Check the settings; table sizes, parameters and lookup traffic for the plan."""
+        from olmx.plan.resolve import padded_vocab
+        from olmx_plugins.layers.engram.primes import ngram_table_sizes
+
+        m, vocab = run.model, padded_vocab(run.data.tokenizer.vocab_size)
+        ids = layer_ids(cfg, m.n_layers)
+        bad = [i for i in ids if not 0 <= i < m.n_layers]
+        if bad:
+            raise ConfigError("layers.engram.layer_ids", f"{bad} outside [0, model.n_layers={m.n_layers})")
+        if cfg.max_ngram_size < 2:
+            raise ConfigError("layers.engram.max_ngram_size", f"must be at least 2, got {cfg.max_ngram_size}")
+        if cfg.n_head_per_ngram < 1 or cfg.n_embed_per_ngram % cfg.n_head_per_ngram:
+            raise ConfigError("layers.engram.n_embed_per_ngram", f"{cfg.n_embed_per_ngram} must be divisible by "
+                              f"layers.engram.n_head_per_ngram={cfg.n_head_per_ngram}")
+        sizes_cfg = vocab_sizes(cfg, vocab)
+        if len(sizes_cfg) != cfg.max_ngram_size - 1:
+            raise ConfigError("layers.engram.vocab_size_per_ngram", f"needs {cfg.max_ngram_size - 1} entries "
+                              f"(orders 2..{cfg.max_ngram_size}), got {len(sizes_cfg)}")
+        if cfg.sharding not in SHARDINGS:
+            raise ConfigError("layers.engram.sharding", f"'{cfg.sharding}' is not one of {', '.join(SHARDINGS)}")
+        if cfg.sharding == "2d" and (not cfg.shard_degree or world.size % cfg.shard_degree):
+            raise ConfigError("layers.engram.shard_degree", f"sharding=2d needs a shard_degree dividing the world "
+                              f"size {world.size}, got {cfg.shard_degree}")
+        if cfg.compression and run.data.tokenizer.name != "bytes":
+            raise ConfigError("layers.engram.compression", f"compression needs the vocabulary of tokenizer "
+                              f"'{run.data.tokenizer.name}', which olmx cannot load offline; set "
+                              "layers.engram.compression=false to hash raw ids")
+        for p in run.parallel:
+            if p in ("ulysses",):
+                raise ConfigError("layers.engram", "Engram under sequence parallelism is not supported yet")
+        tables = ngram_table_sizes(layer_ids=ids, max_ngram_size=cfg.max_ngram_size,
+                                   n_head_per_ngram=cfg.n_head_per_ngram, vocab_size_per_ngram=sizes_cfg)
+        dim = cfg.n_embed_per_ngram // cfg.n_head_per_ngram
+        d_mem = (cfg.max_ngram_size - 1) * cfg.n_embed_per_ngram
+        dense = 2 * (d_mem * m.d_model + m.d_model) + 3 * m.d_model + cfg.kernel_size * m.d_model
+        table_params = sum(sum(s) * dim for s in tables.values())
+        heads = (cfg.max_ngram_size - 1) * cfg.n_head_per_ngram
+        tokens = run.trainer.global_batch_size * run.data.seq_len
+        lookups = tokens * heads * len(ids)
+        rows = [("Engram blocks", f"{ids} of {m.n_layers}"),
+                ("tables", "; ".join(f"block {layer}: {heads} heads, {sum(s):,} rows x {dim}, {sum(s) * dim:,} params, "
+                                     f"{sum(s) * dim * 4 / 2**20:,.1f} MiB fp32" for layer, s in tables.items())),
+                ("lookups per step", f"{lookups:,} rows = {lookups * dim * 4 / 2**20:,.1f} MiB gathered"),
+                ("sharding", cfg.sharding + ("" if cfg.sharding == "replicated" else
+                                             f": only looked-up rows cross ranks (<= {lookups * dim * 4 * 2 / 2**20:,.1f} "
+                                             "MiB per step, forward + backward)")),
+                ("optimizer", f"tables in their own group: lr x {cfg.table_lr_multiplier}, no weight decay")]
+        n = len(ids)
+        return Contribution(rows=rows, params=table_params + n * dense,
+                            active_params=n * (dense + heads * dim))
+
+    def engram_config(self, cfg: EngramLayerConfig, plan: Any) -> Any:
+        """The OLMo-core-style EngramConfig of the blocks."""
+        from olmx_plugins.layers.engram.block import EngramConfig
+
+        return EngramConfig(
+            layer_ids=layer_ids(cfg, plan.config["model"]["n_layers"]), max_ngram_size=cfg.max_ngram_size,
+            n_head_per_ngram=cfg.n_head_per_ngram, n_embed_per_ngram=cfg.n_embed_per_ngram,
+            vocab_size_per_ngram=vocab_sizes(cfg, plan.vocab_size), kernel_size=cfg.kernel_size, seed=cfg.seed,
+            zero_init_conv=cfg.zero_init_conv, table_init_std=cfg.table_init_std, sharding=cfg.sharding,
+            shard_degree=cfg.shard_degree,
+        )
+
+    def apply_model_config(self, cfg: EngramLayerConfig, model_config: Any, plan: Any) -> Any:
+        """Named blocks ``dense`` / ``engram`` with an exact per-layer pattern."""
+        from dataclasses import fields, replace
+
+        from olmo_core.nn.transformer.config import TransformerBlockConfig
+
+        from olmx_plugins.layers.engram.block import EngramBlockConfig
+
+        if isinstance(model_config.block, dict):
+            raise ConfigError("layers.engram", "another layer plugin already replaced the blocks; "
+                              "combining it with engram is not supported yet")
+        base = model_config.block
+        ecfg = self.engram_config(cfg, plan)
+        engram = EngramBlockConfig(**{f.name: getattr(base, f.name) for f in fields(TransformerBlockConfig)},
+                                   engram=ecfg)
+        pattern = ["engram" if i in ecfg.layer_ids else "dense" for i in range(model_config.n_layers)]
+        return replace(model_config, block={"dense": base, "engram": engram}, block_pattern=pattern)
+
+    def apply_model(self, cfg: EngramLayerConfig, model: Any, plan: Any) -> None:
+        """Hash once per batch for all Engram blocks (before any parallel wrapper)."""
+        from olmx_plugins.layers.engram.block import apply_engram_inputs
+        from olmx_plugins.layers.engram.compression import TokenizerCompression, byte_level_tokens
+
+        tok = plan.config["data"]["tokenizer"]
+        if cfg.compression:
+            tokens = byte_level_tokens(vocab_size=plan.vocab_size,
+                                       special_tokens={tok["eos_id"]: "<|endoftext|>", tok["pad_id"]: "<|pad|>"})
+        else:  # identity map: every raw id is its own canonical id
+            tokens = [(None, f"<|id_{i}|>") for i in range(plan.vocab_size)]
+        comp = TokenizerCompression(tokens)
+        hasher = self.engram_config(cfg, plan).build_hasher(pad_id=comp.canonical(tok["pad_id"]),
+                                                            compressed_vocab_size=comp.compressed_vocab_size)
+        apply_engram_inputs(model, compression=comp, hasher=hasher)
+
+    def apply_train_module(self, cfg: EngramLayerConfig, train_module: dict[str, Any], plan: Any) -> None:
+        """Tables in their own optimizer group; clipping of sharded tables moves to a callback."""
+        from olmo_core.optim import OptimGroupOverride
+
+        from olmx_plugins.layers.engram.block import TABLE_PARAM_PATTERN
+
+        optim = train_module["optim"]
+        optim.group_overrides = [*(optim.group_overrides or []), OptimGroupOverride(
+            params=[TABLE_PARAM_PATTERN], opts={"lr": optim.lr * cfg.table_lr_multiplier, "weight_decay": 0.0})]
+        if cfg.sharding != "replicated":
+            train_module["max_grad_norm"] = None
+
+    def callbacks(self, cfg: EngramLayerConfig, plan: Any) -> dict[str, Any]:
+        """Global-norm clipping that includes sharded tables (OLMo-core's cannot mix meshes)."""
+        norm = plan.config["trainer"]["max_grad_norm"]
+        if cfg.sharding == "replicated" or norm is None:
+            return {}
+        from olmx_plugins.layers.engram.callbacks import EngramGradClipCallback
+
+        return {"engram_grad_clip": EngramGradClipCallback(max_norm=norm)}
+
+
+ENGRAM = EngramLayer()

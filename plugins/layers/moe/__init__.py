@@ -1,0 +1,40 @@
+"""Portable mixture-of-experts layer for olmx (issue 4).
+
+OLMo-core 3.0.0's own MoE needs Triton (v1) or CUDA streams (v2), so it cannot train on CPU.
+This package is olmx's reference MoE that runs everywhere (CPU/gloo and GPU/NCCL):
+
+* :mod:`.modules`: router, routed experts, shared expert, dispatch and aux losses (pure torch);
+* :mod:`.block`: ``MoEBlockConfig``, an OLMo-core ``TransformerBlockConfig`` whose block uses
+  the portable MoE as its feed-forward, and ``MoEFeedForwardConfig``;
+* :mod:`.expert_parallel`: expert parallelism over a process group (``all_to_all_single``).
+
+Importing this package is cheap: the names below are loaded on first access (PEP 562), so
+torch and OLMo-core are imported only when they are used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MoEFeedForward": "modules",
+    "MoERouter": "modules",
+    "MoEExperts": "modules",
+    "SharedExpert": "modules",
+    "moe_layers": "modules",
+    "v1_state_dict_to_portable": "modules",
+    "MoEFeedForwardConfig": "block",
+    "MoEBlockConfig": "block",
+    "MoEBlock": "block",
+    "apply_expert_parallel": "expert_parallel",
+    "clip_grad_norm_": "expert_parallel",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,300 @@
+"""OLMo-core block whose feed-forward is olmx's portable MoE.
+
+``MoEBlockConfig`` subclasses OLMo-core's ``TransformerBlockConfig`` and overrides ``build()``
+(the pattern OLMo-core uses for its own MoE-v2 block). Place it with named blocks::
+
+    dense = TransformerConfig.llama_like(...).block
+    TransformerConfig.llama_like(
+        ...,
+        block={"dense": dense, "moe": MoEBlockConfig.from_dense(dense, moe=MoEFeedForwardConfig(...))},
+        block_pattern=["dense", "moe"],
+    )
+
+so that dotted overrides such as ``model.block.moe.moe.top_k=4`` reach it.
+
+Rules it follows (OLMo-core research note §2.5): the block exposes ``attention`` and
+``block_idx``; the MoE lives in ``self.moe`` (not ``feed_forward`` / ``feed_forward_moe``, which
+``Transformer.init_weights`` would initialise as OLMo-core modules) and initialises itself in
+``reset_parameters``; the config overrides ``num_params``/``num_active_params``; the block
+implements ``num_flops_per_token``, ``apply_fsdp``, ``apply_cp`` and ``apply_tp`` (not
+supported); ``forward`` passes ``**kwargs`` to the attention; aux losses are attached with
+``olmo_core.ops.attach_auxiliary_loss``.
+
+Checkpoint names: an OLMo-core ``MoETransformerBlock`` (``name="moe"`` / ``"moe_reordered_norm"``)
+has the same ``attention.*``, ``attention_norm.*`` and ``feed_forward_norm.*`` keys; its
+``feed_forward_moe.*`` keys map to ``moe.*`` with ``modules.v1_state_dict_to_portable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+import torch.nn as nn
+from olmo_core.config import Config, DType
+from olmo_core.exceptions import OLMoConfigurationError
+from olmo_core.nn.buffer_cache import BufferCache
+from olmo_core.nn.transformer.block import TransformerBlockBase
+from olmo_core.nn.transformer.config import (
+    TransformerBlockConfig,
+    TransformerBlockType,
+    TransformerDataParallelWrappingStrategy,
+)
+from torch.distributed import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import Placement
+
+from .modules import Gating, MoEFeedForward, SharedExpertMixing
+
+__all__ = ["MoEFeedForwardConfig", "MoEBlockConfig", "MoEBlock"]
+
+
+@dataclass
+class MoEFeedForwardConfig(Config):
+    """Configuration of the portable MoE feed-forward (:class:`~.modules.MoEFeedForward`)."""
+
+    num_experts: int = 8
+    """Number of routed experts ``E``."""
+    top_k: int = 2
+    """Routed experts per token."""
+    hidden_size: int = 256
+    """Hidden size of each routed expert's SwiGLU."""
+    gating: str = "softmax"
+    """Router scores: ``softmax`` over experts or ``sigmoid`` per expert."""
+    normalize_expert_weights: float | None = None
+    """Divide the ``top_k`` combine weights by their p-norm (1.0: make them sum to one)."""
+    bias_gamma: float | None = None
+    """Aux-loss-free balancing: per-step bias change (DeepSeek-V3 used 0.001); ``None`` disables.
+    Needs ``update_expert_bias()`` after each batch (see ``modules.moe_layers``)."""
+    shared_hidden_size: int | None = None
+    """Hidden size of the always-on shared expert (``n_shared * hidden_size`` for ``n_shared``
+    DeepSeek-style shared experts); ``None`` for none."""
+    shared_expert_mixing: str = "sum"
+    """``sum``: routed + shared; ``olmo_core_v1``: shared/(k+1) + routed*k/(k+1)."""
+    capacity_factor: float | None = None
+    """``None``: dropless. Otherwise each expert takes at most ``ceil(cf * top_k * N / E)`` of a
+    rank's ``N`` tokens per forward (earliest first); the rest are dropped and counted."""
+    lb_loss_weight: float | None = 0.01
+    """Weight of the load-balancing loss; ``None`` disables it."""
+    z_loss_weight: float | None = None
+    """Weight of the router z-loss; ``None`` disables it."""
+    scale_loss_by_num_layers: bool = True
+    """Divide both loss weights by the model's number of layers (as OLMo-core does)."""
+    init_std: float = 0.02
+    """Std of the truncated-normal init (cut at 3 std) of router, experts and shared expert."""
+    init_seed: int = 0
+    """Seed of the MoE init (combined with the layer index and parameter name)."""
+    dtype: DType = DType.float32
+    """Parameter dtype."""
+
+    def validate(self) -> None:
+        """Raise ``OLMoConfigurationError`` naming the field for invalid values."""
+        if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
+            raise OLMoConfigurationError(
+                f"moe.top_k={self.top_k} must be between 1 and moe.num_experts={self.num_experts}"
+            )
+        if self.gating not in ("softmax", "sigmoid"):
+            raise OLMoConfigurationError(f"moe.gating={self.gating!r} must be 'softmax' or 'sigmoid'")
+        if self.shared_expert_mixing not in ("sum", "olmo_core_v1"):
+            raise OLMoConfigurationError(
+                f"moe.shared_expert_mixing={self.shared_expert_mixing!r} must be 'sum' or 'olmo_core_v1'"
+            )
+        if self.capacity_factor is not None and self.capacity_factor <= 0:
+            raise OLMoConfigurationError(f"moe.capacity_factor={self.capacity_factor} must be positive")
+        if self.bias_gamma is not None and self.bias_gamma <= 0:
+            raise OLMoConfigurationError(f"moe.bias_gamma={self.bias_gamma} must be positive")
+
+    def num_params(self, d_model: int) -> int:
+        """Parameters of the layer: router ``E*d``, experts ``3*E*d*h``, shared ``3*d*h_s``."""
+        n = self.num_experts * d_model + 3 * self.num_experts * d_model * self.hidden_size
+        if self.shared_hidden_size is not None:
+            n += 3 * d_model * self.shared_hidden_size
+        return n
+
+    def num_active_params(self, d_model: int) -> int:
+        """Parameters used per token (``top_k`` of the routed experts)."""
+        return self.num_params(d_model) - 3 * (self.num_experts - self.top_k) * d_model * self.hidden_size
+
+    def build(
+        self, d_model: int, *, layer_idx: int = 0, n_layers: int = 1, init_device: str = "cpu"
+    ) -> MoEFeedForward:
+        """Build the layer for block ``layer_idx`` of ``n_layers``."""
+        self.validate()
+        scale = n_layers if self.scale_loss_by_num_layers else 1
+        return MoEFeedForward(
+            d_model,
+            num_experts=self.num_experts,
+            hidden_size=self.hidden_size,
+            top_k=self.top_k,
+            gating=cast(Gating, self.gating),
+            normalize_expert_weights=self.normalize_expert_weights,
+            bias_gamma=self.bias_gamma,
+            shared_hidden_size=self.shared_hidden_size,
+            shared_expert_mixing=cast(SharedExpertMixing, self.shared_expert_mixing),
+            capacity_factor=self.capacity_factor,
+            lb_loss_weight=None if self.lb_loss_weight is None else self.lb_loss_weight / scale,
+            z_loss_weight=None if self.z_loss_weight is None else self.z_loss_weight / scale,
+            init_std=self.init_std,
+            seed_key=f"{self.init_seed}/blocks.{layer_idx}.moe",
+            dtype=self.dtype.as_pt(),
+            init_device=init_device,
+        )
+
+
+@dataclass
+class MoEBlockConfig(TransformerBlockConfig):
+    """A transformer block with attention and the portable MoE as its feed-forward.
+
+    Uses the inherited ``sequence_mixer``, ``layer_norm`` (both norms) and ``dropout``.
+    ``name`` selects the norm placement: ``default`` (pre-norm, Llama) or ``reordered_norm``
+    (norm on the sublayer output, OLMo-2/3). ``feed_forward`` and ``feed_forward_moe`` must be
+    unset.
+    """
+
+    moe: MoEFeedForwardConfig | None = None
+    """The MoE feed-forward (required)."""
+
+    @classmethod
+    def from_dense(cls, block: TransformerBlockConfig, *, moe: MoEFeedForwardConfig) -> "MoEBlockConfig":
+        """The block ``block`` with its dense feed-forward replaced by ``moe``."""
+        return cls(
+            sequence_mixer=block.sequence_mixer,
+            layer_norm=block.layer_norm,
+            name=block.name,
+            dropout=block.dropout,
+            moe=moe,
+        )
+
+    def _check(self) -> MoEFeedForwardConfig:
+        if self.moe is None:
+            raise OLMoConfigurationError("MoEBlockConfig.moe must be set")
+        if self.feed_forward is not None or self.feed_forward_moe is not None:
+            raise OLMoConfigurationError(
+                "MoEBlockConfig uses 'moe'; 'feed_forward' and 'feed_forward_moe' must be unset"
+            )
+        if self.layer_norm is None:
+            raise OLMoConfigurationError("MoEBlockConfig.layer_norm must be set")
+        if self.attention_residual_alpha is not None or self.feed_forward_residual_alpha is not None:
+            raise OLMoConfigurationError("MoEBlockConfig does not support residual alphas")
+        if self.name not in (TransformerBlockType.default, TransformerBlockType.reordered_norm):
+            raise OLMoConfigurationError(
+                f"MoEBlockConfig.name={self.name!r} must be 'default' or 'reordered_norm'"
+            )
+        self.moe.validate()
+        return self.moe
+
+    def build(
+        self,
+        *,
+        d_model: int,
+        block_idx: int,
+        n_layers: int,
+        init_device: str = "cpu",
+        cache: BufferCache | None = None,
+    ) -> "MoEBlock":
+        """Build the block (called by OLMo-core's ``Transformer`` for each layer)."""
+        moe = self._check()
+        return MoEBlock(
+            d_model=d_model,
+            block_idx=block_idx,
+            n_layers=n_layers,
+            config=self,
+            moe=moe.build(d_model, layer_idx=block_idx, n_layers=n_layers, init_device=init_device),
+            init_device=init_device,
+            cache=cache,
+        )
+
+    def num_params(self, d_model: int) -> int:
+        """Attention + two norms + MoE."""
+        moe = self._check()
+        assert self.layer_norm is not None
+        return (
+            self.sequence_mixer.num_params(d_model)
+            + 2 * self.layer_norm.num_params(d_model)
+            + moe.num_params(d_model)
+        )
+
+    def num_active_params(self, d_model: int) -> int:
+        """Parameters used per token."""
+        moe = self._check()
+        return self.num_params(d_model) - moe.num_params(d_model) + moe.num_active_params(d_model)
+
+
+class MoEBlock(TransformerBlockBase):
+    """Attention + portable MoE, pre-norm (``default``) or OLMo-2 ``reordered_norm``."""
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        block_idx: int,
+        n_layers: int,
+        config: MoEBlockConfig,
+        moe: MoEFeedForward,
+        init_device: str = "cpu",
+        cache: BufferCache | None = None,
+    ):
+        super().__init__(n_layers=n_layers)
+        assert config.layer_norm is not None
+        self.d_model = d_model
+        self.block_idx = block_idx
+        self.reordered_norm = config.name == TransformerBlockType.reordered_norm
+        self.attention = config.sequence_mixer.build(
+            d_model, layer_idx=block_idx, n_layers=n_layers, init_device=init_device, cache=cache
+        )
+        self.attention_norm = config.layer_norm.build(d_model, init_device=init_device)
+        self.moe = moe
+        self.feed_forward_norm = config.layer_norm.build(d_model, init_device=init_device)
+        dropout = config.dropout or 0.0
+        self.dropout = nn.Dropout(dropout) if dropout > 0.0 else nn.Identity()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        loss_div_factor: torch.Tensor | float | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """Apply the block to ``x`` (``[batch, seq, d_model]``); ``kwargs`` go to the attention."""
+        if self.reordered_norm:
+            h = x + self.dropout(self.attention_norm(self.attention(x, **kwargs)))
+            return h + self.dropout(self.feed_forward_norm(self.moe(h, loss_div_factor=loss_div_factor)))
+        h = x + self.dropout(self.attention(self.attention_norm(x), **kwargs))
+        return h + self.dropout(self.moe(self.feed_forward_norm(h), loss_div_factor=loss_div_factor))
+
+    def apply_tp(self, tp_mesh: DeviceMesh, *, input_layout: Placement, float8_enabled: bool = False):
+        """Not supported: the portable MoE block has no tensor-parallel plan."""
+        raise NotImplementedError("tensor parallelism is not supported by the portable MoE block")
+
+    def apply_cp(self, cp_mesh: DeviceMesh, ring=None, uly=None):
+        """Context parallelism: the attention's; the MoE is token-wise and only rescales its aux
+        losses' ``loss_div_factor`` by the CP degree (as OLMo-core's MoE does)."""
+        self.attention.apply_cp(cp_mesh, ring=ring, uly=uly)
+        self.moe.cp_degree = cp_mesh.size()
+
+    def apply_fsdp(
+        self,
+        dp_mesh: DeviceMesh | None = None,
+        prefetch_factor: int = 0,
+        wrapping_strategy: TransformerDataParallelWrappingStrategy = TransformerDataParallelWrappingStrategy.full,
+        **fsdp_kwargs,
+    ):
+        """FSDP-wrap the block (and with ``fine_grained`` its attention and MoE separately).
+
+        Experts sharded by ``apply_expert_parallel`` are already FSDP modules over the replica
+        mesh, so this wrapping leaves them out.
+        """
+        if wrapping_strategy == TransformerDataParallelWrappingStrategy.fine_grained:
+            att = cast(FSDPModule, fully_shard(self.attention, mesh=dp_mesh, **fsdp_kwargs))
+            moe = cast(FSDPModule, fully_shard(self.moe, mesh=dp_mesh, **fsdp_kwargs))
+            root = cast(FSDPModule, fully_shard(self, mesh=dp_mesh, **fsdp_kwargs))
+            if prefetch_factor > 0:
+                root.set_modules_to_forward_prefetch([att])
+                att.set_modules_to_forward_prefetch([moe])
+        else:
+            fully_shard(self, mesh=dp_mesh, **fsdp_kwargs)
+
+    def num_flops_per_token(self, seq_len: int) -> int:
+        """Attention flops plus the MoE's (router, ``top_k`` experts, shared expert)."""
+        return self.attention.num_flops_per_token(seq_len) + self.moe.num_flops_per_token()

@@ -1,0 +1,91 @@
+"""The torch side of ``mxfp8``: convert a built model's linear layers (method and sources in
+:mod:`olmx_plugins.precision.mxfp8`).
+
+Both paths start from one OLMo-core ``AOMXLinearConfig`` and one module list:
+
+* SM100+: OLMo-core's ``Transformer.apply_fp8(Float8Config(ao_mx=..., modules_to_ignore=...))``,
+  the call ``parallelize_model`` makes for ``float8_config``. ``kernel_preference=auto`` is set
+  explicitly: OLMo-core's ``AOMXLinearConfig.mxfp8_cublas_rceil()`` preset leaves it unset,
+  and torchao's default is the emulated kernel.
+* emulation: torchao's ``quantize_`` with the same config, ``kernel_preference=emulated`` and
+  the torch dim-1 cast, because OLMo-core raises below SM100.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from olmx.errors import ConfigError
+from olmx_plugins.precision.mxfp8 import BLOCK_SIZE, MIN_COMPUTE_CAPABILITY, MXFP8Config, keep_reason
+
+log = logging.getLogger(__name__)
+
+
+def ao_mx_config(cfg: MXFP8Config, *, emulate: bool) -> Any:
+    """OLMo-core's ``AOMXLinearConfig`` for ``cfg``: E4M3 elements, blocks of 32, the configured
+    scale rule; real kernels, or torchao's emulation."""
+    from olmo_core.config import DType
+    from olmo_core.float8 import AOMXLinearConfig
+    from olmo_core.float8.ao import AOKernelPreference, AOMXFP8Dim1CastKernelChoice, AOScaleCalculationMode
+
+    return AOMXLinearConfig(
+        block_size=BLOCK_SIZE,
+        elem_dtype=DType.float8_e4m3fn,
+        kernel_preference=AOKernelPreference.emulated if emulate else AOKernelPreference.auto,
+        mxfp8_cast_kernel_choice=AOMXFP8Dim1CastKernelChoice.torch if emulate else AOMXFP8Dim1CastKernelChoice.cuda,
+        scale_calculation_mode=AOScaleCalculationMode(cfg.scale_calculation_mode),
+    )
+
+
+def split_linears(model: nn.Module, cfg: MXFP8Config) -> tuple[list[str], dict[str, str]]:
+    """Names of the linear layers to convert, and the kept ones with the reason (the rule of
+    :func:`olmx_plugins.precision.mxfp8.keep_reason`, applied to the built model)."""
+    convert, kept = [], {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            why = keep_reason(name, module.in_features, module.out_features, exclude=cfg.exclude,
+                              subclass=type(module) is not nn.Linear)
+            if why is None:
+                convert.append(name)
+            else:
+                kept[name] = why
+    return convert, kept
+
+
+def apply_mxfp8(model: nn.Module, cfg: MXFP8Config, *, emulate: bool) -> list[str]:
+    """Swap the chosen ``nn.Linear`` modules of ``model`` (meta or materialised, before any
+    parallelism) for torchao ``MXLinear``; return their names. Parameter names do not change,
+    so checkpoints stay interchangeable with bf16/fp32 runs."""
+    from torchao.prototype.mx_formats.mx_linear import MXLinear
+
+    convert, kept = split_linears(model, cfg)
+    if not convert:
+        raise ConfigError("precision.mxfp8", f"no linear layer of the built model can be converted: {kept}")
+    ao = ao_mx_config(cfg, emulate=emulate)
+    if emulate:
+        from torchao.quantization import quantize_
+
+        log.warning("precision=mxfp8 with emulate=true: torchao's emulated MX recipe is slow; it is for checking "
+                    "numerics, not for speed")
+        wanted = set(convert)
+        quantize_(model, ao.to_ao_type(), filter_fn=lambda module, fqn: fqn in wanted)
+    else:
+        if torch.cuda.is_available() and torch.cuda.get_device_capability() < MIN_COMPUTE_CAPABILITY:
+            need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
+            raise ConfigError("precision.mxfp8", f"this worker's GPU {torch.cuda.get_device_name()} has compute "
+                              f"capability {torch.cuda.get_device_capability()}, MXFP8 needs {need}+; "
+                              f"set precision.mxfp8.emulate=true to emulate")
+        from olmo_core.float8 import Float8Config
+
+        model.apply_fp8(Float8Config(ao_mx=ao, modules_to_ignore=sorted(kept)))  # type: ignore[operator]
+    done = sorted(n for n, m in model.named_modules() if isinstance(m, MXLinear))
+    if done != sorted(convert):
+        raise RuntimeError(f"MXFP8 conversion mismatch: converted {done}, planned {sorted(convert)}")
+    log.info("MXFP8 (%s): %d linear layers converted: %s; kept in high precision: %s",
+             "emulated" if emulate else "SM100", len(done), ", ".join(done),
+             "; ".join(f"{n} ({why})" for n, why in kept.items()))
+    return done

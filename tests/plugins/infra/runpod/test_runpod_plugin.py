@@ -1,0 +1,271 @@
+"""The ``runpod`` infra plugin's parts without training: its world and config checks, the
+``--dry-run`` text, what it ships to a pod, the dependency pins, and the SSH steps (watch,
+state, fetch, kill) against a "pod" directory reached through the stand-in ssh."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import sys
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from runpod_testing import KEY, fake, fake_ssh  # noqa: F401  (fixtures)
+
+from olmx.config.compose import compose, to_object
+from olmx.errors import ConfigError
+from olmx.plan.resolve import resolve
+from olmx.registry import registry
+from olmx_plugins.infra.runpod import remote as rm
+from olmx_plugins.infra.runpod.plugin import RUNPOD, RunPodConfig, pinned_requirements
+
+GPU8 = ["infra.gpus_per_node=8", "trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
+
+
+def plan_for(tmp_path: Path, *overrides: str):
+    reg = registry()
+    run = to_object(compose(["infra=runpod", f"trainer.run_dir={tmp_path / 'run'}", *overrides], reg), reg)
+    return resolve(run, reg)
+
+
+def test_world_from_the_settings() -> None:
+    gpu = RUNPOD.world(RunPodConfig(gpus_per_node=8, gpu_type="NVIDIA B200"))
+    assert (gpu.nnodes, gpu.nproc_per_node, gpu.device, gpu.compute_capability) == (1, 8, "cuda", (10, 0))
+    cluster = RUNPOD.world(RunPodConfig(nodes=4, gpus_per_node=8))
+    assert (cluster.size, cluster.compute_capability) == (32, (9, 0))  # default: H100
+    cpu = RUNPOD.world(RunPodConfig(gpus_per_node=0))
+    assert (cpu.nnodes, cpu.nproc_per_node, cpu.device) == (1, 2, "cpu")
+
+
+@pytest.mark.parametrize(("cfg", "key", "match"), [
+    (RunPodConfig(env={"HF_TOKEN": "hf_x"}), "infra.env", "looks like a secret"),
+    (RunPodConfig(pass_env=["RUNPOD_API_KEY"]), "infra.pass_env", "never goes to a pod"),
+    (RunPodConfig(pass_env=["BAD-NAME"]), "infra.pass_env", "not an environment variable name"),
+    (RunPodConfig(nodes=2, gpus_per_node=8, pod_id="p1"), "infra.pod_id", "use infra.cluster_id"),
+    (RunPodConfig(nodes=2, gpus_per_node=0), "infra.nodes", "GPU pods only"),
+    (RunPodConfig(nodes=300, gpus_per_node=8), "infra.nodes", "between 2 and 250"),
+    (RunPodConfig(gpus_per_node=2, nproc_per_node=4), "infra.nproc_per_node", "4 processes"),
+    (RunPodConfig(cloud="ALL"), "infra.cloud", "SECURE, COMMUNITY"),
+    (RunPodConfig(container_disk_gb=0), "infra.container_disk_gb", "positive"),
+    (RunPodConfig(min_cuda_version="13"), "infra.min_cuda_version", "12.8"),
+    (RunPodConfig(gpus_per_node=0, vcpus=0), "infra.vcpus", "positive"),
+])
+def test_bad_settings_name_their_key(cfg: RunPodConfig, key: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        RUNPOD.world(cfg)
+    assert info.value.field == key
+
+
+def test_dry_run_shows_request_bootstrap_and_steps_without_secrets(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+    monkeypatch.setenv("MY_VALUE", "very-private-value")
+    plan = plan_for(tmp_path, *GPU8, "+infra.env.WANDB_MODE=offline", "infra.pass_env=[MY_VALUE]")
+    text = RUNPOD.dry_run(plan)
+    request = text[text.index("POST "):text.index("\n\n# 2.")]
+    head, _, body = request.partition("\n\n")
+    assert head.splitlines() == ["POST https://api.runpod.io/v2/pods", "Authorization: Bearer <redacted>",
+                                 "Content-Type: application/json"]
+    assert json.loads(body) == {
+        "name": "olmx-run", "image": "runpod/pytorch:1.2.0-cu1300-torch2130-ubuntu2404",
+        "gpu": {"id": "NVIDIA H100 80GB HBM3", "count": 8, "minCudaVersion": "13.0"}, "cloud": "SECURE",
+        "disk": 100, "ports": ["22/tcp"], "startSsh": True,
+        "env": {"WANDB_MODE": "offline", "MY_VALUE": "<redacted: $MY_VALUE of the launching environment>"}}
+    assert RUNPOD.bootstrap(plan) in text
+    assert '"action": "stop"' in text
+    assert KEY not in text and "very-private-value" not in text
+    assert "very-private-value" not in (json.dumps(plan.to_dict()))  # never in the plan either
+
+
+def test_bootstrap_is_valid_bash_and_uses_c10d_on_clusters(tmp_path) -> None:
+    single = RUNPOD.bootstrap(plan_for(tmp_path, *GPU8))
+    cluster = RUNPOD.bootstrap(plan_for(tmp_path, *GPU8, "infra.nodes=2", "trainer.global_batch_size=32"))
+    for script in (single, cluster):
+        path = tmp_path / "b.sh"
+        path.write_text(script)
+        assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+        assert "--only-binary=:all:" in script and "--constraint" in script
+    assert '"--rdzv-endpoint=${MASTER_ADDR:?}:${MASTER_PORT:-29500}" --rdzv-id=olmx-run' in cluster
+    assert "--nproc-per-node=8" in cluster
+    cpu = RUNPOD.bootstrap(plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false"))
+    assert "flash" not in cpu.split("set -e", 1)[1] and "pip install" not in cpu
+
+
+def test_shipped_bundle_holds_the_pods_plan_the_source_and_the_resume_checkpoint(tmp_path) -> None:
+    plan = plan_for(tmp_path, *GPU8, "infra.workdir=/data/olmx")
+    names = _names(RUNPOD._bundle(plan, RUNPOD._cfg(plan)))
+    assert {"run/plan.yaml", "bootstrap.sh", "constraints.txt", "olmx-src/pyproject.toml",
+            "olmx-src/olmx/cli.py", "olmx-src/templates/runpod/bootstrap.sh.j2"} <= names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or n.startswith("run/checkpoints")]
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(RUNPOD._bundle(plan, RUNPOD._cfg(plan))))) as tar:
+        pod_plan = tar.extractfile("run/plan.yaml").read().decode()
+    assert "run_dir: /data/olmx/run" in pod_plan and str(tmp_path) not in pod_plan
+    # A run that resumes ships its checkpoint and metrics.
+    step = tmp_path / "run" / "checkpoints" / "step6"
+    step.mkdir(parents=True)
+    (step / ".metadata.json").write_text("{}")
+    (step / "__0_0.distcp").write_bytes(b"shard")
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 6}\n')
+    plan = plan_for(tmp_path, *GPU8, "infra.install=false")
+    assert plan.resume_step == 6
+    names = _names(RUNPOD._bundle(plan, RUNPOD._cfg(plan)))
+    assert {"run/checkpoints/step6/.metadata.json", "run/checkpoints/step6/__0_0.distcp", "run/metrics.jsonl"} <= names
+    assert not [n for n in names if n.startswith("olmx-src")]
+
+
+def _names(data: bytes) -> set[str]:
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
+        return {m.name for m in tar.getmembers() if m.isfile()}
+
+
+def test_pins_are_the_installed_dependency_closure_without_torch() -> None:
+    pins = pinned_requirements()
+    names = {p.split("==")[0] for p in pins}
+    assert "ai2-olmo-core==3.0.0" in pins and {"hydra-core", "omegaconf", "typer", "rich"} <= names
+    assert not names & {"torch", "olmx", "triton"} and not any(n.startswith("nvidia-") for n in names)
+
+
+# ------------------------------------------------------------------------ the SSH steps
+
+
+@pytest.fixture
+def pod(tmp_path, fake_ssh, monkeypatch):  # noqa: F811
+    for key, value in fake_ssh.items():
+        monkeypatch.setenv(key, value)
+    work = tmp_path / "pod"
+    (work / "run" / "logs").mkdir(parents=True)
+    (work / "status").mkdir()
+    return rm.Remote("203.0.113.7", 40001, known_hosts=str(tmp_path / "kh")), work
+
+
+def test_watch_mirrors_new_bytes_and_reports_the_exit_status(tmp_path, pod) -> None:
+    remote, work = pod
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # like setsid in the bootstrap
+    try:
+        (work / "status" / "pid.node0").write_text(str(sleeper.pid))
+        watch = rm.Watch(remote, str(work), tmp_path / "local")
+        watch.reset()
+        metrics, log = work / "run" / "metrics.jsonl", work / "run" / "logs" / "node0.log"
+        assert watch.look() is None  # running, nothing written yet
+        metrics.write_text('{"step": 1}\n')
+        log.write_bytes(b"caf\xc3\xa9 \xff raw bytes\n")
+        assert watch.look() is None
+        with open(metrics, "a") as f:
+            f.write('{"step": 2}\n')
+        assert watch.look() is None
+        assert (tmp_path / "local" / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+        assert (tmp_path / "local" / "logs" / "node0.log").read_bytes() == b"caf\xc3\xa9 \xff raw bytes\n"
+        metrics.write_text('{"step": 7}\n')  # truncated and rewritten (a resumed run)
+        assert watch.look() is None
+        assert (tmp_path / "local" / "metrics.jsonl").read_text() == '{"step": 7}\n'
+        assert rm.state(remote, str(work)) == (None, {"step": 7})
+        rm.kill(remote, str(work))  # SIGTERM to the process group of the pid
+        assert sleeper.wait(timeout=10) == -15
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+    assert watch.look() == 255  # died without an exit status
+    (work / "status" / "exit.node0").write_text("3\n")
+    assert watch.look() == 3 and rm.state(remote, str(work)) == (3, {"step": 7})
+
+
+def test_fetch_copies_the_run_back_except_the_pods_plan(tmp_path, pod) -> None:
+    remote, work = pod
+    (work / "run" / "plan.yaml").write_text("run_dir: /pod/run\n")
+    (work / "run" / "checkpoints" / "step2").mkdir(parents=True)
+    (work / "run" / "checkpoints" / "step2" / "__0_0.distcp").write_bytes(os.urandom(3 << 20))
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "plan.yaml").write_text("run_dir: local\n")
+    rm.fetch(remote, str(work), local)
+    assert (local / "plan.yaml").read_text() == "run_dir: local\n"
+    assert (local / "checkpoints/step2/__0_0.distcp").read_bytes() == (work / "run/checkpoints/step2/__0_0.distcp").read_bytes()
+
+
+def test_ssh_failures_name_the_step_and_the_pod(tmp_path, pod, monkeypatch) -> None:
+    remote, work = pod
+    monkeypatch.setenv("FAKE_SSH_FAIL", ".")
+    start = time.monotonic()
+    with pytest.raises(Exception, match=r"copying the run to the pod on root@203.0.113.7:40001 failed "
+                                         r"\(ssh exit status 255\): ssh: connect to host"):
+        rm.ship(remote, str(work), rm.bundle({"a": b"x"}))
+    with pytest.raises(Exception, match="copying the run directory back from root@203.0.113.7:40001 failed"):
+        rm.fetch(remote, str(work), tmp_path / "local")
+    assert time.monotonic() - start < 10
+    argv = remote.ssh("true")
+    assert argv[:3] == ["ssh", "-p", "40001"] and argv[-2:] == ["root@203.0.113.7", "true"]
+    assert f"UserKnownHostsFile={tmp_path / 'kh'}" in argv and "BatchMode=yes" in argv
+
+
+def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypatch) -> None:  # noqa: F811
+    """``olmx jobs`` on a run whose olmx train was interrupted: the "training" is a sleeping
+    process group standing in for the bootstrap."""
+    from typer.testing import CliRunner
+
+    from olmx.cli import app
+    from olmx_plugins.infra.runpod.client import RunPodClient, ssh_endpoint
+    from olmx_plugins.infra.runpod.spec import PodSpec
+
+    remote, work = pod
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.base_url)
+    monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+    client = RunPodClient(KEY)
+    pod_id = client.create_pod(PodSpec(name="p", gpu_type_id="", image="img", gpu_count=0))["id"]
+    ssh = ssh_endpoint(client.get_pod(pod_id))
+    plan = plan_for(tmp_path, "infra.gpus_per_node=0", f"infra.workdir={work}", "infra.poll_seconds=0.1")
+    plan.save()
+    (Path(plan.run_dir) / "launch.json").write_text(json.dumps(
+        {"infra": "runpod", "pods": [{"id": pod_id, "host": ssh.host, "port": ssh.port, "user": "root"}],
+         "cluster_id": None, "created": True, "workdir": str(work)}))
+    (work / "run" / "metrics.jsonl").write_text('{"step": 3, "loss": 5.25}\n')
+    (work / "run" / "logs" / "node0.log").write_text("line 1\nline 2\nline 3\n")
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    (work / "status" / "pid.node0").write_text(str(sleeper.pid))
+    run = CliRunner()
+    try:
+        status = run.invoke(app, ["jobs", "status", plan.run_dir])
+        assert status.exit_code == 0, status.output
+        assert status.output.splitlines() == [f"RunPod pod {pod_id}: RUNNING", "training: running",
+                                              f"progress: step 3/{plan.config['trainer']['max_steps']}, loss 5.2500"]
+        logs = run.invoke(app, ["jobs", "logs", plan.run_dir, "-n", "2"])
+        assert logs.output.strip() == "line 2\nline 3"
+        cancel = run.invoke(app, ["jobs", "cancel", plan.run_dir])
+        assert cancel.exit_code == 0, cancel.output
+        assert sleeper.wait(timeout=10) == -15  # the training's process group got SIGTERM
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+    assert fake.pods[pod_id]["status"] == "EXITED"  # stopped after the copy back
+    assert (Path(plan.run_dir) / "logs" / "node0.log").read_text() == "line 1\nline 2\nline 3\n"
+    assert (Path(plan.run_dir) / "metrics.jsonl").read_text() == '{"step": 3, "loss": 5.25}\n'
+
+
+def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_path, pod) -> None:
+    """The real bootstrap on the "pod", with a Python whose torchrun is a long sleep: ship,
+    start, watch, ``kill`` (what olmx jobs cancel does), and the exit status it records."""
+    remote, work = pod
+    python = tmp_path / "pod-python"
+    python.write_text(f"#!/bin/bash\nfor a in \"$@\"; do [ \"$a\" = torch.distributed.run ] && "
+                      f"{{ echo \"torchrun $*\"; exec sleep 60; }}; done\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    plan = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}",
+                    f"infra.python={python}")
+    rm.ship(remote, str(work), RUNPOD._bundle(plan, RUNPOD._cfg(plan)))
+    rm.start(remote, str(work))
+    watch = rm.Watch(remote, str(work), tmp_path / "local")
+    watch.reset()
+    deadline = time.monotonic() + 60
+    while "torchrun" not in watch.log.read_text():
+        assert watch.look() is None and time.monotonic() < deadline
+        time.sleep(0.3)
+    assert "--nnodes=1 --nproc-per-node=2 --max-restarts=0 --standalone -m olmx run " in watch.log.read_text()
+    rm.kill(remote, str(work))
+    while (code := watch.look()) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    assert code == 143
+    assert "olmx: bootstrap on node 0 ends with status 143 (stopped by SIGTERM)" in watch.log.read_text()

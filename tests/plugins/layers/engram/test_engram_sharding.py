@@ -1,0 +1,238 @@
+"""Sharded Engram tables on real gloo processes, against a replicated single-process reference.
+
+A single launch of 4 processes (spawning processes that import OLMo-core is the slow part):
+tables sharded over all 4 ranks and over 2-rank sub-meshes, then one training step of a tiny
+model under DDP and FSDP.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from olmo_core.testing import run_distributed_test
+from olmx_plugins.layers.engram.sharding import (
+    REPLICATE_DIM,
+    SHARD_DIM,
+    EngramTable,
+    TableSharding,
+    init_table_rows_,
+    shard_row_range,
+    table_mesh,
+)
+
+SIZES = [1009, 1013, 2003, 2011]
+DIM = 6
+
+
+def _rank_data(rank: int):
+    g = torch.Generator().manual_seed(100 + rank)
+    ids = torch.randint(0, SIZES[0], (2, 7, len(SIZES)), generator=g)
+    ids[0, :3] = ids[1, :3]  # repeated rows: deduplicated before sending
+    upstream = torch.randn(2, 7, len(SIZES), DIM, generator=g)
+    return ids, upstream
+
+
+def _expected_bytes(table: EngramTable, groups: torch.Tensor) -> tuple[int, int]:
+    """This rank's bytes, recomputed from every rank's data without the exchange code.
+
+    ``groups[i, j]``: global rank holding shard ``j`` in shard group ``i``.
+    """
+    rank = dist.get_rank()
+    n_groups, n_shards = groups.shape
+    i, j = [int(v) for v in (groups == rank).nonzero()[0]]
+    block = math.ceil(table.num_rows / n_shards)
+    uniq = {int(r): table.rows(_rank_data(int(r))[0]).unique() for r in groups.flatten()}
+
+    def owned(r: int, shard: int) -> torch.Tensor:
+        return uniq[r][uniq[r] // block == shard]
+
+    sent_ids = int((uniq[rank] // block != j).sum())
+    served = sum(owned(int(r), j).numel() for r in groups[i] if int(r) != rank)
+    forward = 8 * (n_shards - 1) + 8 * sent_ids + 4 * DIM * served
+    backward = 4 * DIM * sent_ids
+    if n_groups > 1:
+        touched = [torch.cat([owned(int(r), j) for r in groups[g]]).unique().numel()
+                   for g in range(n_groups)]
+        backward += (n_groups - 1) * (8 + max(touched) * (8 + 4 * DIM))
+    return forward, backward
+
+
+def _check_table(sharding: str, mesh: DeviceMesh):
+    rank = dist.get_rank()
+    groups = mesh.mesh.reshape(-1, mesh.size(mesh.mesh_dim_names.index(SHARD_DIM)))
+    members = [int(r) for r in groups.flatten()]
+    ref = EngramTable(table_sizes=SIZES, dim=DIM, init_seed=5)
+    table = EngramTable(table_sizes=SIZES, dim=DIM, sharding=sharding, mesh=mesh, init_seed=5)
+    shard = int((groups == rank).nonzero()[0, 1])
+    start, end = table.local_row_range
+    assert (start, end) == shard_row_range(sum(SIZES), groups.shape[1], shard)
+    # Initialisation does not depend on the sharding.
+    assert torch.equal(table.local_weight().detach(), ref.weight.detach()[start:end])
+
+    ids, upstream = _rank_data(rank)
+    out = table(ids)
+    assert torch.equal(out, ref(ids))
+    (out * upstream).sum().backward()
+
+    expected = torch.zeros_like(ref.weight)
+    for r in members:
+        ids_r, up_r = _rank_data(r)
+        ref.weight.grad = None
+        (ref(ids_r) * up_r).sum().backward()
+        expected += ref.weight.grad
+    expected /= len(members)  # DDP/FSDP average
+    grad = table.weight.grad.full_tensor()
+    torch.testing.assert_close(grad, expected, rtol=0, atol=1e-6)
+    touched = torch.cat([table.rows(_rank_data(r)[0]).flatten() for r in members]).unique()
+    assert torch.equal(grad.abs().sum(1).nonzero().flatten(), touched)
+
+    stats = table.comm
+    assert stats.lookups == ids.numel() and stats.unique_rows == table.rows(ids).unique().numel()
+    assert (stats.forward_bytes, stats.backward_bytes) == _expected_bytes(table, groups)
+    stats.reset()
+    assert stats.total_bytes == 0
+
+
+def _tables_equal_replicated():
+    assert dist.get_world_size() == 4
+    _check_table("1d", table_mesh("1d"))
+    _check_table("2d", table_mesh("2d", shard_degree=2))
+    # 2-rank tables: sub-meshes over the rank pairs {0, 1} and {2, 3}.
+    pairs = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pair", SHARD_DIM))
+    _check_table("1d", pairs[SHARD_DIM])
+    for rep, shards in ((2, 1), (1, 2)):
+        mesh = init_device_mesh("cpu", (2, rep, shards),
+                                mesh_dim_names=("pair", REPLICATE_DIM, SHARD_DIM))
+        _check_table("2d", mesh[REPLICATE_DIM, SHARD_DIM])
+
+
+def _model_step(dp: str):
+    from olmo_core.nn.attention import AttentionBackendName
+    from olmo_core.nn.transformer import TransformerConfig
+    from torch.distributed.tensor import DTensor
+
+    from olmx_plugins.layers.engram.block import (
+        EngramBlockConfig,
+        EngramConfig,
+        apply_engram_inputs,
+    )
+    from olmx_plugins.layers.engram.compression import TokenizerCompression, byte_level_tokens
+    from olmx_plugins.layers.engram.sharding import (
+        collect_comm_stats,
+        sharded_tables_grad_sq_norm,
+    )
+
+    comp = TokenizerCompression(byte_level_tokens())
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def build(sharding: str):
+        engram = EngramConfig(layer_ids=[1], n_embed_per_ngram=16, n_head_per_ngram=2,
+                              vocab_size_per_ngram=[300, 300], sharding=sharding)
+        cfg = TransformerConfig.llama_like(d_model=32, vocab_size=384, n_layers=2, n_heads=2,
+                                           attn_backend=AttentionBackendName.torch)
+        base = cfg.block
+        cfg.block = {"dense": base, "engram": EngramBlockConfig(
+            sequence_mixer=base.sequence_mixer, layer_norm=base.layer_norm,
+            feed_forward=base.feed_forward, engram=engram)}
+        cfg.block_pattern = ["dense", "engram"]
+        model = cfg.build(init_device="meta")
+        torch.manual_seed(0)
+        model.init_weights(device=torch.device("cpu"))
+        hasher = engram.build_hasher(pad_id=comp.canonical(257),
+                                     compressed_vocab_size=comp.compressed_vocab_size)
+        return apply_engram_inputs(model, compression=comp, hasher=hasher)
+
+    def batch(r):
+        return torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(r))
+
+    def optimizer(model):
+        tables = [p for n, p in model.named_parameters() if n.endswith("engram.table.weight")]
+        rest = [p for n, p in model.named_parameters() if not n.endswith("engram.table.weight")]
+        return torch.optim.AdamW([{"params": rest}, {"params": tables, "lr": 5e-2,
+                                                      "weight_decay": 0.0}],
+                                 lr=1e-2, weight_decay=0.1, foreach=False)
+
+    ref = build("replicated")
+    model = build("1d")
+    table = model.blocks["1"].engram.table
+    assert table.is_sharded and isinstance(table.weight, DTensor)
+    torch.testing.assert_close(table.weight.full_tensor(), ref.blocks["1"].engram.table.weight,
+                               rtol=0, atol=0)
+    mesh = init_device_mesh("cpu", (world,))
+    if dp == "ddp":
+        model.apply_ddp(dp_mesh=mesh)
+    else:
+        model.apply_fsdp(dp_mesh=mesh)
+    model(batch(rank), labels=batch(rank)).loss.backward()
+    # Neither FSDP (which would re-shard it on the unnamed dp mesh) nor DDP manages the table.
+    weight = model.blocks["1"].engram.table.weight
+    assert isinstance(weight, DTensor) and weight.device_mesh.mesh_dim_names == ("engram_shard",)
+    if dp == "ddp":
+        from torch.distributed._composable.replicate import replicate
+
+        managed = replicate.state(model)._param_list
+        assert len(managed) == len(list(model.parameters())) - 1
+        assert all(p is not weight for p in managed)
+    sum(ref(batch(r), labels=batch(r)).loss for r in range(world)).div(world).backward()
+
+    def full(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(full(p.grad), ref_params[name].grad, rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"{dp} {name}: {m}")
+    ref_table = ref.blocks["1"].engram.table.weight
+    assert torch.allclose(sharded_tables_grad_sq_norm(model), ref_table.grad.pow(2).sum())
+    stats = collect_comm_stats(model)
+    assert stats.lookups == 2 * 12 * 4 and stats.forward_bytes > 0 and stats.backward_bytes > 0
+    assert collect_comm_stats(model).total_bytes == 0
+
+    if dp == "ddp":
+        before = full(table.weight).detach().clone()
+        opt, ref_opt = optimizer(model), optimizer(ref)
+        opt.step()
+        ref_opt.step()
+        after = full(table.weight).detach()
+        torch.testing.assert_close(after, ref_table.detach(), rtol=1e-5, atol=1e-6)
+        untouched = ref_table.grad.abs().sum(1) == 0
+        assert bool(untouched.any()) and torch.equal(after[untouched], before[untouched])
+
+
+def _world4():
+    _tables_equal_replicated()
+    _model_step("ddp")
+    _model_step("fsdp")
+
+
+@pytest.mark.dist
+def test_sharded_tables_and_model_on_gloo_ranks():
+    run_distributed_test(_world4, world_size=4, backend="gloo", start_method="spawn")
+
+
+def test_initialisation_does_not_depend_on_the_shard_boundaries():
+    num_rows, dim = 150_001, 2  # three init chunks of 65,536 rows
+    whole = torch.empty(num_rows, dim)
+    init_table_rows_(whole, row_start=0, num_rows=num_rows, std=0.5, seed=3)
+    for shards in (2, 3, 7):
+        parts = []
+        for i in range(shards):
+            start, end = shard_row_range(num_rows, shards, i)
+            part = torch.empty(end - start, dim)
+            init_table_rows_(part, row_start=start, num_rows=num_rows, std=0.5, seed=3)
+            parts.append(part)
+        assert torch.equal(torch.cat(parts), whole)
+    assert abs(float(whole.std()) - 0.5) < 0.01
+
+
+def test_replicated_table_has_no_traffic_and_sharding_needs_distributed():
+    table = EngramTable(table_sizes=SIZES, dim=DIM)
+    ids, _ = _rank_data(0)
+    table(ids).sum().backward()
+    assert table.sharding == TableSharding.replicated and table.comm.total_bytes == 0
+    if not dist.is_initialized():
+        with pytest.raises(RuntimeError, match="distributed"):
+            EngramTable(table_sizes=SIZES, dim=DIM, sharding="1d")

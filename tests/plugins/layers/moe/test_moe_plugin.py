@@ -1,0 +1,70 @@
+"""The moe layer plugin and the expert-parallel strategies, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from olmx.cli import app
+from tests.conftest import olmx_cli
+
+TINY_MOE = ["layers=[moe]", "layers.moe.num_experts=4", "model.d_model=64", "model.n_layers=2",
+            "model.hidden_size=128", "data.seq_len=64", "trainer.global_batch_size=8", "trainer.micro_batch_size=4",
+            "trainer.max_steps=6", "trainer.warmup_steps=2", "trainer.save_interval=100"]
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "text"),
+    [
+        (["layers.moe.top_k=5"], "layers.moe.top_k", "5 must be between 1 and layers.moe.num_experts=4"),
+        (["layers.moe.gating=relu"], "layers.moe.gating", "softmax, sigmoid"),
+        (["layers.moe.blocks=[0,7]"], "layers.moe.blocks", "[7] outside [0, model.n_layers=2)"),
+        (["parallel=[ddp_ep]", "parallel.ddp_ep.degree=3"], "parallel.ddp_ep.degree", "3 must divide layers.moe.num_experts=4"),
+        (["parallel=[ddp_ep]", "parallel.ddp_ep.degree=4"], "parallel.ddp_ep.degree", "4 must divide the 2 data-parallel ranks"),
+        (["parallel=[hsdp]", "parallel.hsdp.expert_parallel=true", "layers.moe.num_experts=3", "layers.moe.top_k=1"],
+         "parallel.hsdp.expert_parallel", "2 must divide layers.moe.num_experts=3"),
+    ],
+)
+def test_moe_refusals(tmp_path, monkeypatch, args, field, text):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train", "--dry-run", *TINY_MOE, *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().startswith(f"error: {field}: ") and text in result.stderr
+
+
+def test_expert_parallel_needs_a_moe_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train", "--dry-run", "parallel=[ddp_ep]"])
+    assert result.exit_code == 2
+    assert "parallel.ddp_ep.degree: expert parallelism needs a mixture-of-experts model: add layers=[moe]" in result.stderr
+
+
+def test_plan_counts_total_and_active_parameters(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    out = CliRunner().invoke(app, ["train", "--dry-run", *TINY_MOE, "layers.moe.top_k=1"]).stdout
+    # dense tiny: 2 blocks of 3*64*128 FFN; MoE: router 4*64 + 4 experts of 3*64*128, 1 active
+    d, h, e = 64, 128, 4
+    dense_ffn = 3 * d * h
+    per_block, active = e * d + e * dense_ffn, e * d + dense_ffn
+    base = 384 * d * 2 + d + 2 * (4 * d * d + 2 * d + dense_ffn)
+    total = base + 2 * (per_block - dense_ffn)
+    assert f"{total:,} total" in out and f"{base + 2 * (active - dense_ffn):,} active" in out
+
+
+@pytest.mark.dist
+def test_expert_parallel_runs_equal_the_single_process_run(tmp_path):
+    def run(name: str, *extra: str) -> list[float]:
+        d = tmp_path / name
+        proc = olmx_cli("train", *TINY_MOE, f"trainer.run_dir={d}", *extra)
+        assert proc.returncode == 0, proc.stderr
+        return [json.loads(line)["loss"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+
+    single = run("single", "infra.nproc_per_node=1", "parallel=[]")
+    ddp_ep = run("ddp_ep", "parallel=[ddp_ep]", "parallel.ddp_ep.degree=2")
+    hsdp_ep = run("hsdp_ep", "parallel=[hsdp]", "parallel.hsdp.expert_parallel=true")
+    assert len(single) == 6 and single[-1] < single[0] - 0.5
+    assert ddp_ep == pytest.approx(single, rel=5e-5)
+    assert hsdp_ep == pytest.approx(single, rel=5e-5)

@@ -1,0 +1,123 @@
+"""The build side of ``bf16`` and ``mxfp8``: OLMo-core fields, and the MXFP8 conversion of
+built OLMo-core models on both paths (emulated torchao, and OLMo-core's SM100 Float8Config)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from olmx.config.schema import ModelConfig
+from olmx_plugins.precision.mxfp8 import MXFP8Config, keep_reason, model_linears
+
+VOCAB = 384
+
+
+def build(model: ModelConfig) -> nn.Module:
+    from olmx.build.model import build_model_config
+
+    return build_model_config(model, vocab_size=VOCAB).build(init_device="meta")
+
+
+def linears(module: nn.Module) -> list[tuple[str, int, int]]:
+    return [(n, m.in_features, m.out_features) for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+
+
+def test_torch_free_layer_list_is_the_built_models():
+    for cfg in (ModelConfig(d_model=64, n_layers=2, n_heads=4, hidden_size=96),
+                ModelConfig(d_model=96, n_layers=3, n_heads=6, n_kv_heads=2, hidden_size=256)):
+        planned = [(layer.name, layer.in_features, layer.out_features) for layer in model_linears(cfg, VOCAB)]
+        assert sorted(planned) == sorted(linears(build(cfg)))
+
+
+def test_emulated_conversion_follows_the_plan_rule_and_keeps_parameter_names():
+    from torchao.prototype.mx_formats.mx_linear import MXLinear
+
+    from olmx_plugins.precision.mx import apply_mxfp8
+
+    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=1, hidden_size=128)
+    model = build(cfg)
+    names = [n for n, _ in model.named_parameters()]
+    done = apply_mxfp8(model, MXFP8Config(), emulate=True)
+    planned = [layer.name for layer in model_linears(cfg, VOCAB)
+               if keep_reason(layer.name, layer.in_features, layer.out_features) is None]
+    assert done == sorted(planned) and len(done) == 10  # q, o, w1, w2, w3 per block; k/v are 64 -> 16
+    assert not isinstance(model.get_submodule("blocks.0.attention.w_k"), MXLinear)
+    assert not isinstance(model.get_submodule("lm_head.w_out"), MXLinear)
+    assert [n for n, _ in model.named_parameters()] == names  # checkpoints stay interchangeable
+    w1 = model.get_submodule("blocks.1.feed_forward.w1")
+    assert w1.config.kernel_preference.value == "emulated" and w1.config.scale_calculation_mode.value == "rceil"
+    assert w1.config.block_size == 32 and w1.config.elem_dtype == torch.float8_e4m3fn
+
+
+def test_sm100_path_goes_through_olmo_core_float8_config_with_the_same_layers(monkeypatch):
+    """OLMo-core refuses ``ao_mx`` below SM100; with its capability check answered yes, its own
+    ``Transformer.apply_fp8`` accepts olmx's ``modules_to_ignore`` and converts the same layers,
+    with the real-kernel settings."""
+    import olmo_core.float8
+
+    from olmx_plugins.precision.mx import apply_mxfp8
+
+    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, hidden_size=80)
+    emulated = apply_mxfp8(build(cfg), MXFP8Config(), emulate=True)
+    monkeypatch.setattr(olmo_core.float8, "has_compute_capability", lambda major, minor: (major, minor) <= (10, 0))
+    model = build(cfg)
+    assert apply_mxfp8(model, MXFP8Config(scale_calculation_mode="floor"), emulate=False) == emulated
+    assert emulated == [f"blocks.{i}.attention.{w}" for i in range(2) for w in ("w_k", "w_out", "w_q", "w_v")]
+    q = model.get_submodule("blocks.0.attention.w_q").config
+    assert (q.kernel_preference.value, q.mxfp8_cast_kernel_choice.value, q.scale_calculation_mode.value) == (
+        "auto", "cuda", "floor")
+    assert model.fp8_enabled
+
+
+def test_routers_engram_subclasses_and_odd_dims_stay_in_high_precision():
+    from olmx_plugins.precision.mx import split_linears
+
+    class SeededLinear(nn.Linear):
+        pass
+
+    block = nn.Module()
+    block.moe = nn.Module()
+    block.moe.router = nn.Linear(64, 8)
+    block.moe.shared_expert = SeededLinear(64, 64)
+    block.engram = nn.Module()
+    block.engram.key_proj = nn.Linear(32, 64)
+    block.proj = nn.Linear(64, 64)
+    block.odd = nn.Linear(64, 40)
+    model = nn.Module()
+    model.blocks = nn.ModuleDict({"0": block})
+    convert, kept = split_linears(model, MXFP8Config(exclude=["*.nothing"]))
+    assert convert == ["blocks.0.proj"]
+    assert kept["blocks.0.moe.router"].startswith("MoE router")
+    assert kept["blocks.0.moe.shared_expert"].startswith("nn.Linear subclass")
+    assert kept["blocks.0.engram.key_proj"].startswith("Engram")
+    assert kept["blocks.0.odd"] == "out_features=40 not a multiple of the MX block size 32"
+
+
+def test_bf16_and_mxfp8_set_olmo_core_mixed_precision_fields():
+    from olmo_core.config import DType
+    from olmo_core.distributed.parallel import DataParallelType
+    from olmo_core.train.train_module import TransformerDataParallelConfig
+
+    from olmx.protocols import World
+    from olmx_plugins.precision.bf16 import BF16, BF16Config
+    from olmx_plugins.precision.mxfp8 import MXFP8
+
+    kwargs = {"dp_config": TransformerDataParallelConfig(name=DataParallelType.fsdp)}
+    BF16.apply_train_module(BF16Config(reduce_dtype="bfloat16"), kwargs, None)
+    assert (kwargs["dp_config"].param_dtype, kwargs["dp_config"].reduce_dtype) == (DType.bfloat16, DType.bfloat16)
+    assert "autocast_precision" not in kwargs
+    kwargs = {"dp_config": TransformerDataParallelConfig(name=DataParallelType.ddp)}
+    BF16.apply_train_module(BF16Config(), kwargs, None)
+    assert kwargs["autocast_precision"] == DType.bfloat16 and kwargs["dp_config"].param_dtype is None
+
+    class Plan:  # the two fields apply_train_module reads
+        world = World(nnodes=1, nproc_per_node=2)
+        config = {"parallel": {"ddp": {}}}
+
+    kwargs = {"dp_config": TransformerDataParallelConfig(name=DataParallelType.ddp)}
+    MXFP8.apply_train_module(MXFP8Config(emulate=True), kwargs, Plan())
+    assert "autocast_precision" not in kwargs  # CPU without sharding: the rest stays float32
+    Plan.config = {"parallel": {"fsdp": {}}}
+    kwargs = {"dp_config": TransformerDataParallelConfig(name=DataParallelType.fsdp)}
+    MXFP8.apply_train_module(MXFP8Config(emulate=True), kwargs, Plan())
+    assert kwargs["dp_config"].param_dtype == DType.bfloat16
