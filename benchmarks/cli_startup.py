@@ -1,12 +1,13 @@
 """Wall time of olmx's quick commands next to a bare Python start.
 
 Times ``olmx --help``, ``olmx plugins list`` and ``olmx train --dry-run`` (the installed
-console script) and ``python -c pass`` (the same interpreter), each ``--repeat`` times,
-interleaved (every repetition runs all four, in an order rotated per repetition) because
-the machine is shared and noisy. Output goes to /dev/null; the working directory is an empty
-temporary folder (``--dry-run`` writes nothing). Prints a Markdown table of median and min
-per command and their difference over bare Python (goal: under 0.5 s more for ``--help``
-and ``plugins list``).
+console script), ``python -c pass`` (the same interpreter) and, as a reference,
+``python -c 'import typer, rich.console'`` (the libraries every olmx command starts with),
+each ``--repeat`` times, interleaved (every repetition runs all five, in an order rotated per
+repetition) because the machine is shared and noisy. Output goes to /dev/null; the working
+directory is an empty temporary folder (``--dry-run`` writes nothing). Prints a Markdown
+table of median and min per command and their difference over bare Python (goal: under
+0.5 s more for ``--help`` and ``plugins list``).
 
     python benchmarks/cli_startup.py [--repeat 20] [--warmup 2] [--record FILE]
 """
@@ -32,6 +33,8 @@ def commands() -> dict[str, list[str]]:
     olmx = str(BIN / "olmx")
     return {
         "python -c pass": [sys.executable, "-c", "pass"],
+        # The floor the CLI's libraries set: what every olmx command imports first.
+        "python -c 'import typer, rich.console'": [sys.executable, "-c", "import typer, rich.console"],
         "olmx --help": [olmx, "--help"],
         "olmx plugins list": [olmx, "plugins", "list"],
         "olmx train --dry-run": [olmx, "train", "--dry-run"],

@@ -5,7 +5,7 @@ Both sides train the default tiny run (2 CPU processes under torchrun, DDP, seed
 count; the final checkpoint comes after it):
 
 - olmx: ``olmx train trainer.max_steps=N trainer.save_interval=BIG trainer.run_dir=...`` (the
-  whole CLI: launcher, progress bar, olmx's metrics callback);
+  whole CLI: launcher, progress bar, olmx's own trainer callbacks);
 - hand-written: ``benchmarks/handwritten_train.py`` under the same torchrun command line.
 
 Two measurements of the window from step ``--skip`` to the next-to-last step (the first
@@ -17,12 +17,14 @@ steps are warm-up; the last step's record races the final checkpoint):
   ((t_last - t_first) / steps) and the median of the per-step intervals;
 - CPU seconds per step of the whole process tree (olmx: CLI launcher + torchrun + workers;
   hand-written: torchrun + workers), read from /proc when the window's first and last
-  records appear. On a machine shared with other work the wall clock mostly measures the
-  neighbours; the CPU time is what olmx itself adds.
+  records appear, split into workers (the tree's leaves) and launchers. On a machine shared
+  with other work the wall clock mostly measures the neighbours; CPU time depends on them
+  much less (cache and scheduling effects remain), and the launchers' share is what the
+  olmx CLI adds outside the training processes.
 
-Both commands start in a new session, as olmx starts its torchrun: with the kernel's
-autogroup scheduling each session is scheduled as one group, and a run left in the
-benchmark's session got a visibly different share of the CPUs. Runs alternate (olmx first in
+Both commands start in a new session, as olmx starts its torchrun (torchrun in turn starts
+each worker in a session of its own), so that under the kernel's autogroup scheduling, where a
+session is scheduled as one group, both sides are treated alike. Runs alternate (olmx first in
 odd rounds, hand-written first in even rounds); the table gives medians over rounds, the
 ratios olmx / hand-written (goal: within 2%), and checks that both sides logged identical
 losses. Also reported: each run's whole wall time and CPU time (start-up included).
@@ -112,9 +114,8 @@ def last_step(path: Path) -> int:
 
 def run(cmd: list[str], log: Path, cwd: Path, *, records: Path, marks: tuple[int, int],
         tty: bool = False) -> dict[str, float]:
-    """Run ``cmd`` in a new session (as olmx starts its torchrun: with the kernel's autogroup
-    scheduling a session is scheduled as one group, so both sides must get the same
-    treatment) with output to ``log`` (``tty``: through ``script``, on a pseudo-terminal).
+    """Run ``cmd`` in a new session (as olmx starts its torchrun; see the module docstring)
+    with output to ``log`` (``tty``: through ``script``, on a pseudo-terminal).
     Returns its wall time, the CPU time of its process tree, and the tree's CPU time per
     step (all, workers, launchers) between the records of the steps in ``marks``
     (snapshots taken when those records appear; polled every 20 ms). Exits on failure."""

@@ -36,6 +36,9 @@ def follow(plan: Plan, poll: Callable[[], int | None], *, log_path: Path, consol
         TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
         TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
         TextColumn("ETA"), TimeRemainingColumn(), console=console,
+        # rich's default 10 redraws/s costs ~3% of a core in a terminal, taken from training
+        # on small CPU machines (benchmarks/results/spine.md); metrics arrive at most per step.
+        refresh_per_second=2,
     )
     offset = 0
     with progress:
