@@ -125,7 +125,8 @@ class TrainerConfig:
     save_interval: int = 100
     #: Steps between metric records (loss, throughput) in ``metrics.jsonl``.
     log_interval: int = 1
-    #: OLMo-core activation checkpointing mode (``full``), or null for none.
+    #: Activation checkpointing: ``full`` (OLMo-core: every block), ``long_context`` (olmx:
+    #: keep attention outputs, recompute feed-forward and norms), or null for none.
     activation_checkpointing: Optional[str] = None
     #: ``torch.compile`` the blocks (CUDA only; ignored with a note on CPU).
     compile: bool = False
