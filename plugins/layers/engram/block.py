@@ -16,8 +16,11 @@ residual before attention: ``x = x + engram(x, engram_hash_ids)``, then the base
 
 Parallelism: sharded tables (``1d``/``2d``) are excluded from FSDP (the block passes them as
 ``ignored_params``) and DDP (``EngramTransformer.apply_ddp`` passes them as
-``ignored_modules``). Tensor and context parallelism are refused: the Engram convolution
-needs whole, unsharded sequences.
+``ignored_modules``). Tensor parallelism is refused. Under Ulysses context parallelism the
+hash ids are computed on the whole sequence and then sharded like the input ids, and the
+convolution reads the previous shard's last ``(kernel_size - 1) * N`` positions
+(``olmx_plugins.parallel.ulysses_halo``), so a sharded model computes what the unsharded one
+does; ring attention is refused.
 
 Optimizer: the tables match :data:`TABLE_PARAM_PATTERN` (``*.engram.table.weight``); put them
 in their own group (the paper: Adam, 5x learning rate, no weight decay).
@@ -291,8 +294,12 @@ class EngramBlockMixin:
         raise NotImplementedError("Engram blocks do not support tensor parallelism")
 
     def apply_cp(self, cp_mesh: DeviceMesh, ring: Any = None, uly: Any = None) -> None:
-        """Refused: the Engram convolution needs the whole sequence on each rank."""
-        raise NotImplementedError("Engram blocks do not support context parallelism")
+        """Ulysses context parallelism: the Engram convolution reads the previous sequence
+        shard's last positions (a halo exchange over the group); ring attention is refused."""
+        if ring is not None or uly is None:
+            raise NotImplementedError("Engram blocks support only Ulysses context parallelism")
+        self.engram.cp_group = cp_mesh.get_group()
+        super().apply_cp(cp_mesh, ring=ring, uly=uly)  # type: ignore[misc]
 
     def num_flops_per_token(self, seq_len: int) -> int:
         """Base block plus Engram FLOPs."""
@@ -359,15 +366,19 @@ class EngramModelMixin:
     def _prepare_inputs(
         self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **kwargs: Any
     ):
-        if getattr(self, "_cp_load_balancer", None) is not None:
-            raise RuntimeError("Engram does not support context parallelism")
         if getattr(self, "_pp_enabled", False):
             raise RuntimeError("Engram does not support pipeline parallelism")
+        # Hash the whole sequence before context parallelism shards it: the first tokens of
+        # a shard need the previous shard's last N-1 tokens.
+        hashes = self.engram_inputs(input_ids)
         input_ids, labels, all_block_kwargs, per_block_kwargs, lm_head_kwargs = (
             super()._prepare_inputs(input_ids, labels, **kwargs)  # type: ignore[misc]
         )
-        for layer_id, hash_ids in self.engram_inputs(input_ids).items():
-            per_block_kwargs[layer_id][ENGRAM_HASH_IDS_KWARG] = hash_ids
+        balancer = getattr(self, "_cp_load_balancer", None)
+        for layer_id, hash_ids in hashes.items():
+            if balancer is not None:
+                (hash_ids,) = balancer.batch_shard(inputs=[hash_ids], seq_dims=[1], pad_values=[0])
+            per_block_kwargs[layer_id][ENGRAM_HASH_IDS_KWARG] = hash_ids.to(input_ids.device)
         return input_ids, labels, all_block_kwargs, per_block_kwargs, lm_head_kwargs
 
     def apply_ddp(

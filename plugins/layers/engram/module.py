@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -112,6 +113,9 @@ class Engram(nn.Module):
         # every module parent-first, so a child Conv1d would overwrite the zero init.
         self.conv_weight = nn.Parameter(torch.empty(d_model, 1, kernel_size, device=init_device))
         self._reset_conv()
+        #: Sequence-parallel group whose ranks hold consecutive shards of each sequence (set by
+        #: the block's ``apply_cp``); the convolution then reads the previous shard's halo.
+        self.cp_group: Any = None
 
     @property
     def receptive_field(self) -> int:
@@ -143,8 +147,14 @@ class Engram(nn.Module):
 
     def short_conv(self, v: torch.Tensor) -> torch.Tensor:
         """``SiLU(causal depthwise dilated Conv1d(RMSNorm(v)))``, ``[B, T, d] -> [B, T, d]``."""
-        y = self.conv_norm(v).transpose(1, 2)
-        y = F.pad(y, ((self.kernel_size - 1) * self.dilation, 0))
+        y = self.conv_norm(v)
+        left = (self.kernel_size - 1) * self.dilation
+        if self.cp_group is not None and left > 0:  # a sequence shard: prepend the previous one's tail
+            from olmx_plugins.parallel.ulysses_halo import previous_shard_halo
+
+            y = torch.cat([previous_shard_halo(y, left, self.cp_group), y], dim=1)
+            left = 0
+        y = F.pad(y.transpose(1, 2), (left, 0))
         y = F.conv1d(y, self.conv_weight.to(y.dtype), groups=self.d_model, dilation=self.dilation)
         return F.silu(y).transpose(1, 2)
 

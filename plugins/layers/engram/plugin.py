@@ -104,9 +104,15 @@ class EngramLayer:
             raise ConfigError("layers.engram.compression", f"compression needs the vocabulary of tokenizer "
                               f"'{run.data.tokenizer.name}', which olmx cannot load offline; set "
                               "layers.engram.compression=false to hash raw ids")
-        for p in run.parallel:
-            if p in ("ulysses",):
-                raise ConfigError("layers.engram", "Engram under sequence parallelism is not supported yet")
+        uly = run.parallel.get("ulysses")
+        if uly is not None and uly.degree > 1:
+            # Each rank's convolution reads the previous sequence shard's last positions.
+            halo, shard = (cfg.kernel_size - 1) * cfg.max_ngram_size, run.data.seq_len // uly.degree
+            if halo > shard:
+                raise ConfigError("layers.engram.kernel_size",
+                                  f"the convolution reaches (kernel_size - 1) x max_ngram_size = {halo} positions "
+                                  f"back, more than one sequence shard (data.seq_len / parallel.ulysses.degree = "
+                                  f"{shard} tokens)")
         tables = ngram_table_sizes(layer_ids=ids, max_ngram_size=cfg.max_ngram_size,
                                    n_head_per_ngram=cfg.n_head_per_ngram, vocab_size_per_ngram=sizes_cfg)
         dim = cfg.n_embed_per_ngram // cfg.n_head_per_ngram
