@@ -104,24 +104,46 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _launches(run: RunData) -> list[dict[str, Any]]:
+    """The run's history by launch, in order: its starts (one per torchrun attempt), the rank
+    failures the launcher recorded for each attempt (written when the launch ended), its end."""
+    launches: dict[Any, dict[str, Any]] = {}
+    for e in run.events:
+        launch = launches.setdefault(e.get("launch"), {"starts": [], "failures": {}, "end": None})
+        if e["event"] == "start":
+            launch["starts"].append(e)
+            launch["end"] = None  # a later attempt: only its own end counts
+        elif e["event"] == "end":
+            launch["end"] = e
+        elif e["event"] == "rank_failed":
+            launch["failures"][e.get("attempt", 0)] = e
+    return [launch for launch in launches.values() if launch["starts"] or launch["failures"]]
+
+
+def _ending(launch: dict[str, Any]) -> tuple[str, str]:
+    """(state, detail) of how one launch ended."""
+    end, last = launch["end"], len(launch["starts"]) - 1
+    if end is not None:
+        reason, step = end.get("reason"), end.get("step")
+        if reason == "max_steps":
+            return "finished", ""
+        if reason == "stop_at_step":
+            return "paused", f"trainer.stop_at_step={step}"
+        if reason == "nonfinite":
+            return "stopped", f"non-finite loss at step {step}"
+        return "stopped", f"{reason} at step {step}, checkpoint saved"
+    failure = launch["failures"].get(last) or launch["failures"].get(max(launch["failures"], default=None))
+    if failure is not None:
+        return "failed", _failure(failure)
+    return "running or died", ""
+
+
 def _status(run: RunData) -> str:
     """How the run stands: finished, stopped (why), or failed (which rank, why)."""
-    state, detail = "no record yet", ""
-    for e in run.events:
-        if e["event"] == "start":
-            state, detail = "running or died", ""
-        elif e["event"] == "rank_failed":
-            state, detail = "failed", f"{_failure(e)}"
-        elif e["event"] == "end":
-            reason = e.get("reason")
-            if reason == "max_steps":
-                state, detail = "finished", ""
-            elif reason == "stop_at_step":
-                state, detail = "paused", f"trainer.stop_at_step={e.get('step')}"
-            elif reason == "nonfinite":
-                state, detail = "stopped", f"non-finite loss at step {e.get('step')}"
-            else:
-                state, detail = "stopped", f"{reason} at step {e.get('step')}, checkpoint saved"
+    launches = _launches(run)
+    if not launches:
+        return "no record yet"
+    state, detail = _ending(launches[-1])
     return f"{state}{f' ({detail})' if detail else ''}"
 
 
@@ -130,19 +152,22 @@ def _failure(e: dict[str, Any]) -> str:
 
 
 def _restarts(run: RunData) -> list[str]:
-    """Every time the run started again after its first start, with the cause."""
-    out, cause, started = [], None, False
-    for e in run.events:
-        if e["event"] == "start":
-            if started:
-                how = "torchrun restart" if e.get("attempt") else "relaunch"
-                out.append(f"{how} from step {e.get('resumed_from') if e.get('resumed_from') is not None else 0}"
-                           f" after {cause or 'an unrecorded end'}")
-            started, cause = True, None
-        elif e["event"] == "rank_failed":
-            cause = _failure(e)
-        elif e["event"] == "end" and e.get("reason") != "max_steps":
-            cause = f"stop ({e.get('reason')}) at step {e.get('step')}"
+    """Every start after the run's first one, with its cause: a rank failure (torchrun restart)
+    or how the previous launch ended (relaunch)."""
+    out, previous = [], None
+    for launch in _launches(run):
+        for start in launch["starts"]:
+            attempt = start.get("attempt", 0)
+            frm = start.get("resumed_from") or 0
+            if attempt > 0:
+                failure = launch["failures"].get(attempt - 1)
+                out.append(f"torchrun restart from step {frm} after "
+                           f"{_failure(failure) if failure else 'a failure torchrun did not report'}")
+            elif previous is not None:
+                state, detail = _ending(previous)
+                out.append(f"relaunch from step {frm} after the previous launch {state}"
+                           f"{f' ({detail})' if detail else ''}")
+        previous = launch
     return out
 
 

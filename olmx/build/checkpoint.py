@@ -20,7 +20,9 @@ On start, :func:`resume_from_verified` (not OLMo-core's ``maybe_load_checkpoint`
 the newest ``stepN`` on trust) removes such partial checkpoints, re-verifies the newest
 complete checkpoint against its manifest (every rank checks a share), renames a corrupt one to
 ``stepN.corrupt`` and tries the next older one, and loads the first that verifies with
-``Trainer.load_checkpoint``. Every removal and fallback is recorded in ``events.jsonl``.
+``Trainer.load_checkpoint``. Every removal and fallback is recorded in ``events.jsonl``. Older
+checkpoints beyond the checkpointer's ``max_checkpoints`` (3) are then removed: OLMo-core trims
+only those its own process saved, so without this they would pile up over restarts.
 """
 
 from __future__ import annotations
@@ -222,10 +224,12 @@ def resume_from_verified(trainer: Any, run_dir: str | Path) -> int | None:
             shutil.rmtree(p, ignore_errors=True)
             append_event(run_dir, "checkpoint_partial", path=str(p), action="removed")
     barrier()
-    for step, path in complete:
+    for i, (step, path) in enumerate(complete):
         problem = verify(path)
         if problem is None:
             trainer.load_checkpoint(str(path), load_trainer_state=True, load_optim_state=True)
+            if rank0:
+                _prune(complete[i:], trainer)
             return step
         if rank0:
             aside = path.with_name(f"{path.name}.corrupt")
@@ -236,6 +240,18 @@ def resume_from_verified(trainer: Any, run_dir: str | Path) -> int | None:
                          moved_to=str(aside))
         barrier()
     return None
+
+
+def _prune(good: list[tuple[int, Path]], trainer: Any) -> None:
+    """Keep the checkpointer's ``max_checkpoints`` newest of ``good`` (newest first; the one just
+    loaded is first): OLMo-core only trims the checkpoints its own process saved, so those of
+    earlier attempts would pile up over restarts. The completion mark goes first, as OLMo-core
+    removes checkpoints."""
+    keep = getattr(trainer.callbacks.get("checkpointer"), "max_checkpoints", None)
+    for _, path in good[keep:] if keep else []:
+        log.info(f"removing old checkpoint {path}")
+        (path / METADATA).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def checkpoint_bytes(model: Any) -> int:

@@ -138,7 +138,7 @@ class LocalInfra:
                   offset: int, interrupted: bool, console: Any) -> int:
         """Record the rank failures of this launch in ``events.jsonl`` and turn its outcome
         into the return value or a :class:`RunFailed`."""
-        from olmx.events import append_event, outcome
+        from olmx.events import append_event, outcome, read_events
         from olmx.launch.failures import attempt_failures, latest_torchrun_dir
 
         with open(log_path, "rb") as f:
@@ -148,6 +148,10 @@ class LocalInfra:
                                     node_rank=cfg.node_rank)
         for failure in failures:
             append_event(plan.run_dir, "rank_failed", launch=launch_id, **failure.as_event())
+        for e in read_events(plan.run_dir, launch=launch_id):
+            if e["event"] == "checkpoint_corrupt":
+                console.print(f"[yellow]checkpoint step {e['step']} was corrupt[/] ({e['problem']}); "
+                              f"moved to {e['moved_to']}, an older one was used", highlight=False)
         result = outcome(plan.run_dir, launch=launch_id, returncode=rc)
         restarts = failures if result.state != "failed" else failures[:-1]
         for failure in restarts:

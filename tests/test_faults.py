@@ -1,0 +1,265 @@
+"""Fault tolerance through the real CLI: preemption (SIGTERM), a killed rank with and without
+elastic restarts, a save killed halfway, a corrupt checkpoint, non-finite steps in both modes,
+unwritable and full run directories. Every interrupted run is compared, bitwise, with the same
+run left alone (CPU, gloo, deterministic ops).
+
+Faults inside the workers are placed with ``OLMX_FAULTS`` (olmx/build/faults.py); the
+preemption is a real SIGTERM sent to ``olmx train``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from olmx.events import EXIT_NONFINITE, EXIT_PREEMPTED, read_events
+from olmx.launch.failures import attempt_failures
+from tests.conftest import olmx_cli
+from tests.test_training import SMALL
+
+pytestmark = pytest.mark.dist
+
+ONE = ["infra.nproc_per_node=1", "parallel=[]"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return {"OLMX_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
+
+
+def train(run_dir: Path, env: dict, *overrides: str, faults: str = "") -> subprocess.CompletedProcess:
+    return olmx_cli("train", *SMALL, f"trainer.run_dir={run_dir}", *overrides, env={**env, "OLMX_FAULTS": faults})
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(recs: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in recs}
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    return [e for e in read_events(run_dir) if e["event"] == kind]
+
+
+def checkpoint_state(ckpt: Path) -> dict:
+    """Every tensor of a checkpoint's model and optimizer state (unsharded, in this process)."""
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_keys
+
+    d = str(ckpt / "model_and_optim")
+    keys = sorted(get_checkpoint_metadata(d).state_dict_metadata)
+    return dict(zip(keys, load_keys(d, keys)))
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    same = lambda x, y: torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y  # noqa: E731
+    different = [k for k in a if not same(a[k], b[k])]
+    assert sum(isinstance(v, torch.Tensor) and v.numel() > 1 for v in a.values()) >= 3 * 21  # params + 2 moments
+    assert not different, different[:5]
+
+
+def explain(proc: subprocess.CompletedProcess, run_dir: Path) -> str:
+    log = run_dir / "logs" / "node0.log"
+    return proc.stdout[-2000:] + proc.stderr[-3000:] + (log.read_text()[-4000:] if log.exists() else "")
+
+
+def test_preempted_and_killed_run_resumes_to_the_uninterrupted_result(tmp_path, cache):
+    steps = ["trainer.max_steps=12", "trainer.save_interval=4"]
+    ref = tmp_path / "ref"
+    proc = train(ref, cache, *steps)
+    assert proc.returncode == 0, explain(proc, ref)
+
+    # 1. SIGTERM to `olmx train` while rank 0 is held inside step 5: both ranks finish step 5,
+    #    save it, and `olmx train` exits 75.
+    run = tmp_path / "run"
+    env = {**os.environ, "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1", **cache, "OLMX_FAULTS": "hold@5:0"}
+    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
+        p = subprocess.Popen([sys.executable, "-m", "olmx", "train", *SMALL, f"trainer.run_dir={run}", *steps],
+                             env=env, stdout=out, stderr=err, text=True)
+        deadline = time.monotonic() + 300
+        while not (run / "metrics.jsonl").exists() or len(records(run)) < 4:
+            assert p.poll() is None and time.monotonic() < deadline, "the run ended before step 4"
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=300)
+    err = (tmp_path / "err").read_text()
+    assert p.returncode == EXIT_PREEMPTED, (tmp_path / "out").read_text() + err
+    assert "stopped by SIGTERM; checkpoint saved at step 5" in err and "to resume" in err
+    assert (run / "checkpoints" / "step5" / ".metadata.json").is_file()
+    assert [e["reason"] for e in events(run, "end")] == ["SIGTERM"] and events(run, "end")[0]["step"] == 5
+    assert [r["step"] for r in records(run)] == [1, 2, 3, 4, 5]
+
+    # 2. Resume; rank 1 is SIGKILLed inside step 9; torchrun restarts the group, which resumes
+    #    from the step-8 checkpoint and finishes.
+    proc = train(run, cache, *steps, "infra.max_restarts=1", faults="kill@9:1")
+    assert proc.returncode == 0, explain(proc, run)
+    assert "Resuming from the checkpoint at step 5" in proc.stdout
+    assert "restarted after node 0 local rank 1 (attempt 0)" in proc.stderr
+    failed = events(run, "rank_failed")
+    assert len(failed) == 1 and failed[0]["local_rank"] == 1 and "SIGKILL" in failed[0]["cause"]
+    starts = events(run, "start")
+    assert [(s["attempt"], s["resumed_from"]) for s in starts] == [(0, None), (0, 5), (1, 8)]
+
+    # 3. Same loss at every step and the same final model and optimizer state, bit for bit.
+    assert losses(records(run)) == losses(records(ref))
+    assert sorted(losses(records(run))) == list(range(1, 13))
+    assert_same_state(checkpoint_state(run / "checkpoints" / "step12"),
+                      checkpoint_state(ref / "checkpoints" / "step12"))
+
+
+def test_save_killed_halfway_and_corrupt_checkpoint_fall_back_to_the_last_good_one(tmp_path, cache):
+    run = tmp_path / "run"
+    steps = ["trainer.max_steps=8", "trainer.save_interval=2", *ONE]
+    proc = train(run, cache, *steps, faults="killsave@6:0")
+    assert proc.returncode != 0
+    first = losses(records(run))
+    ckpts = run / "checkpoints"
+    assert (ckpts / "step6").is_dir() and not (ckpts / "step6" / ".metadata.json").exists()  # never published
+    assert all((ckpts / f"step{s}" / ".metadata.json").is_file() for s in (2, 4))
+    # Damage step 4 in place (same size): only its checksums can tell.
+    victim = max((ckpts / "step4" / "model_and_optim").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+
+    proc = train(run, cache, *steps)
+    assert proc.returncode == 0, explain(proc, run)
+    assert [Path(e["path"]).name for e in events(run, "checkpoint_partial")] == ["step6"]
+    corrupt = events(run, "checkpoint_corrupt")
+    assert len(corrupt) == 1 and corrupt[0]["step"] == 4 and victim.name in corrupt[0]["problem"]
+    assert (ckpts / "step4.corrupt").is_dir()
+    assert events(run, "start")[-1]["resumed_from"] == 2
+    again = losses(records(run))
+    assert sorted(again) == list(range(1, 9))
+    assert {s: again[s] for s in range(1, 7)} == {s: first[s] for s in range(1, 7)}  # recomputed 3..6 exactly
+
+
+def test_nonfinite_loss_skip_and_stop(tmp_path, cache):
+    steps = ["trainer.max_steps=5", "trainer.save_interval=3"]
+    skip = tmp_path / "skip"
+    proc = train(skip, cache, *steps, "trainer.on_nonfinite=skip", faults="nan@3:1")  # rank 1 only
+    assert proc.returncode == 0, explain(proc, skip)
+    recs = {r["step"]: r for r in records(skip)}
+    assert sorted(recs) == [1, 2, 3, 4, 5]
+    assert recs[3]["loss"] is None and recs[3]["skipped"] is True
+    assert all(recs[s]["loss"] is not None and recs[s]["loss"] == recs[s]["loss"] for s in (1, 2, 4, 5))
+    summary = json.loads((skip / "summary.json").read_text())
+    assert summary["nonfinite_steps"] == [3] and summary["steps"] == 5
+
+    stop = tmp_path / "stop"
+    proc = train(stop, cache, *steps, "trainer.on_nonfinite=stop", faults="nan@3:1")
+    assert proc.returncode == EXIT_NONFINITE, explain(proc, stop)
+    assert "non-finite" in proc.stderr and "step 3" in proc.stderr
+    assert events(stop, "end")[-1] == {**events(stop, "end")[-1], "reason": "nonfinite", "step": 3}
+    # The stop checkpoint holds the last good state: the same as the skipping run's step 3
+    # (the state after step 2), optimizer moments included.
+    assert_same_state(checkpoint_state(stop / "checkpoints" / "step3"),
+                      checkpoint_state(skip / "checkpoints" / "step3"))
+
+
+def _mount_tmpfs(path: Path, options: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_unwritable_and_full_run_directories_fail_before_training(tmp_path, cache):
+    # Root ignores permission bits, so read-only and full file systems are real tmpfs mounts.
+    ro, small = tmp_path / "ro", tmp_path / "small"
+    if not _mount_tmpfs(ro, "ro,size=1m"):
+        pytest.skip("cannot mount a tmpfs here (needs CAP_SYS_ADMIN)")
+    try:
+        assert _mount_tmpfs(small, "size=1500k")
+        proc = train(ro / "run", cache, *ONE)
+        assert proc.returncode == 2 and "trainer.run_dir" in proc.stderr and "Read-only file system" in proc.stderr
+        assert not any(ro.iterdir())
+
+        proc = train(small / "run", cache, *ONE, "trainer.max_steps=4")
+        assert proc.returncode == 1
+        assert "MiB free; a checkpoint of this model needs about" in proc.stderr, explain(proc, small / "run")
+        assert not (small / "run" / "metrics.jsonl").exists()
+        assert not list((small / "run" / "checkpoints").glob("*"))  # nothing half-written
+    finally:
+        for mount in (ro, small):
+            subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_root_cause_prefers_the_silent_rank_over_its_peer():
+    """torchrun names the first failure by error-file time in whole seconds; a rank that only
+    lost its peer must not be blamed for the one that was killed."""
+    console = "[E] failed (exitcode: 1) local_rank: 0 (pid: 11) of binary: python\n"
+
+    def attempt(root: Path, errors: dict[int, str | None]) -> Path:
+        for rank, message in errors.items():
+            d = root / "attempt_0" / str(rank)
+            d.mkdir(parents=True)
+            (d / "stderr.log").write_text(f"rank {rank} line 1\nrank {rank} last line\n")
+            if message is not None:
+                (d / "error.json").write_text(json.dumps({"message": {"message": message}}))
+        return root
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lost = attempt(Path(tmp) / "a", {0: "RuntimeError: Read error: Connection reset by peer", 1: None})
+        [f] = attempt_failures(console, lost)
+        assert (f.local_rank, f.exitcode) == (1, None) and "without a Python error" in f.cause
+        assert f.tail.endswith("rank 1 last line")
+        own = attempt(Path(tmp) / "b", {0: "ValueError: bad batch", 1: None})
+        [f] = attempt_failures(console, own)
+        assert (f.local_rank, f.cause) == (0, "raised ValueError: bad batch")
+
+
+def test_outcome_of_a_launch_is_read_from_its_own_events(tmp_path, monkeypatch):
+    """The contract launchers and batch scripts rely on (``python -m olmx.events RUN_DIR [LAUNCH]``)."""
+    from olmx.events import LAUNCH_ENV, append_event, main, outcome
+
+    monkeypatch.setenv(LAUNCH_ENV, "a")
+    append_event(tmp_path, "start", attempt=0, resumed_from=None)
+    append_event(tmp_path, "end", reason="SIGTERM", step=7)
+    monkeypatch.setenv(LAUNCH_ENV, "b")
+    append_event(tmp_path, "start", attempt=0, resumed_from=7)
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"event": "end", "reas')  # a torn last line (killed mid-write) is ignored
+    def triple(o):
+        return o.state, o.exit_code, o.step
+
+    assert triple(outcome(tmp_path, launch="a")) == ("stopped", EXIT_PREEMPTED, 7)
+    assert triple(outcome(tmp_path, launch="b", returncode=1)) == ("failed", 1, None)
+    append_event(tmp_path, "end", reason="nonfinite", step=9)
+    assert triple(outcome(tmp_path, launch="b")) == ("nonfinite", EXIT_NONFINITE, 9)
+    append_event(tmp_path, "start", attempt=1, resumed_from=9)  # a later attempt: its end counts
+    append_event(tmp_path, "end", reason="max_steps", step=20)
+    assert main([str(tmp_path), "b"]) == 0 and main([str(tmp_path), "a"]) == EXIT_PREEMPTED
+    assert main([str(tmp_path)]) == 0
+
+
+def test_resume_prunes_checkpoints_of_earlier_attempts(tmp_path):
+    """OLMo-core trims only the checkpoints its own process saved; at resume olmx keeps the
+    checkpointer's max_checkpoints newest complete ones (completion mark removed first)."""
+    from types import SimpleNamespace
+
+    from olmx.build.checkpoint import METADATA, _prune, checkpoint_dirs
+
+    for step in (10, 20, 30, 40, 50):
+        (tmp_path / f"step{step}" / "train").mkdir(parents=True)
+        (tmp_path / f"step{step}" / METADATA).write_text("{}")
+    (tmp_path / "step60").mkdir()  # never published
+    (tmp_path / "step70-tmp").mkdir()
+    complete, partial = checkpoint_dirs(tmp_path)
+    assert [s for s, _ in complete] == [50, 40, 30, 20, 10]
+    assert [p.name for p in partial] == ["step60", "step70-tmp"]
+    _prune(complete[1:], SimpleNamespace(callbacks={"checkpointer": SimpleNamespace(max_checkpoints=3)}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step20", "step30", "step40", "step50", "step60",
+                                                          "step70-tmp"]
