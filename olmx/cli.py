@@ -80,14 +80,28 @@ def train(
     if plan.resume_step is not None:
         out.print(f"[bold green]Resuming[/] from the checkpoint at step {plan.resume_step} in {plan.run_dir}")
     plan.save()
-    rc = infra.launch(plan)
+    try:
+        rc = infra.launch(plan)
+    finally:
+        infra_cfg = plan.config["infra"]
+        # Not for a detached job (it has not run yet), and once per run: by node 0's launcher.
+        if not infra_cfg.get("detach", False) and not infra_cfg.get("node_rank", 0):
+            end_of_run_report(plan.run_dir)
     if rc:
         raise typer.Exit(rc)
-    from olmx.launch.monitor import summary_table
 
-    table = summary_table(plan.run_dir)
-    if table is not None:
-        out.print(table)
+
+def end_of_run_report(run_dir: Path | str) -> None:
+    """``olmx report RUN_DIR`` after a run ended (finished, stopped or failed), and where it
+    is. A report that cannot be written is one warning line: it never hides how the run ended."""
+    from olmx.report import write_report
+
+    try:
+        where = write_report(run_dir, console=out)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more
+        err.print(f"[yellow]warning:[/] no report written for {run_dir}: {exc}")
+        return
+    out.print(f"report: {where} (again any time: olmx report {run_dir})", markup=False)
 
 
 def print_plan(plan: Any) -> None:
@@ -279,8 +293,6 @@ class ProvisionGroup(typer.core.TyperGroup):
         return registry().names("infra")
 
     def get_command(self, ctx: Any, name: str) -> Any:
-        import click
-
         from olmx.errors import PluginError
         from olmx.registry import registry
 
@@ -289,16 +301,24 @@ class ProvisionGroup(typer.core.TyperGroup):
         except PluginError as exc:
             message = str(exc)
 
-            @click.command(name=name, help=f"(unavailable: {message})")
             def unavailable() -> None:
                 err.print(f"error: {message}", markup=False)
                 raise typer.Exit(2)
 
-            return unavailable
+            return typer.core.TyperCommand(name=name, help=f"(unavailable: {message})", callback=unavailable)
         factory = getattr(plugin, "commands", None)
         if factory is None:
             return None
-        return typer.main.get_group(factory())
+        return _guard_all(typer.main.get_group(factory()))
+
+
+def _guard_all(command: Any) -> Any:
+    """Give every command of a plugin's group the CLI's error handling (:func:`guarded`)."""
+    if command.callback is not None:
+        command.callback = guarded(command.callback)
+    for sub in getattr(command, "commands", {}).values():
+        _guard_all(sub)
+    return command
 
 
 provision_app = typer.Typer(cls=ProvisionGroup, no_args_is_help=True,

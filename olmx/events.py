@@ -50,8 +50,9 @@ def append_event(run_dir: str | Path, event: str, **fields: Any) -> dict[str, An
     return record
 
 
-def read_events(run_dir: str | Path, *, launch: str | None = None) -> list[dict[str, Any]]:
-    """The records of the run (of one launch if ``launch`` is given); a torn last line is skipped."""
+def read_events(run_dir: str | Path, *, launch: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
+    """The records of the run (of one launch if ``launch`` is given, written at or after the
+    Unix time ``since`` if given); a torn last line is skipped."""
     path = Path(run_dir) / EVENTS_FILE
     if not path.exists():
         return []
@@ -61,7 +62,7 @@ def read_events(run_dir: str | Path, *, launch: str | None = None) -> list[dict[
             record = json.loads(line)
         except ValueError:
             continue
-        if launch is None or record.get("launch") == launch:
+        if (launch is None or record.get("launch") == launch) and (since is None or record.get("time", 0) >= since):
             out.append(record)
     return out
 
@@ -81,11 +82,12 @@ class Outcome:
     message: str
 
 
-def outcome(run_dir: str | Path, *, launch: str | None = None, returncode: int | None = None) -> Outcome:
-    """The outcome of a launch from its last ``end`` record (``returncode``: torchrun's, used
-    when there is none)."""
+def outcome(run_dir: str | Path, *, launch: str | None = None, since: float | None = None,
+            returncode: int | None = None) -> Outcome:
+    """The outcome of a launch from its last ``end`` record (``since``: as in
+    :func:`read_events`; ``returncode``: torchrun's, used when there is none)."""
     final = None
-    for record in read_events(run_dir, launch=launch):
+    for record in read_events(run_dir, launch=launch, since=since):
         if record["event"] == "end":
             final = record
         elif record["event"] == "start":

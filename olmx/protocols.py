@@ -11,6 +11,24 @@ Importing a plugin's module must be cheap: no torch and no OLMo-core at module l
 them inside the ``apply_*``/``launch`` methods). ``resolve`` runs before anything is launched
 and must not import torch either; it checks the plugin's settings against the run and the
 world and raises :class:`olmx.errors.ConfigError` naming the field and the numbers.
+
+Optional hooks, called when a plugin has them (``cfg`` is the plugin's ``Config`` instance):
+
+* ``callbacks(cfg, plan) -> dict[str, Callback]`` (any kind): OLMo-core trainer callbacks
+  added to the run (e.g. MoE load statistics, Engram traffic).
+* ``apply_train_module(cfg, kwargs, plan)`` (layers too): edit the keyword arguments of
+  OLMo-core's ``TransformerTrainModuleConfig``; called for parallel, then precision, then layers.
+* ``apply_model(cfg, model, plan)`` (precision, parallel): edit the built model in place after
+  the layers did (float8 conversion; expert parallelism placing experts).
+* ``dp_mesh(cfg, dp_ranks, world) -> dict[str, int]`` (the data-parallel strategy): how its
+  ranks split into mesh dimensions (``{"dp_replicate": 2, "dp_shard": 4}``).
+* ``commands() -> typer.Typer`` (infra): the ``olmx provision <name> ...`` sub-commands,
+  loaded only when invoked; an :class:`olmx.errors.OlmxError` they raise becomes one message
+  and its exit code, as everywhere in the CLI.
+* ``data_on_this_machine(cfg) -> bool`` (infra): False when ``data.paths`` name files on the
+  target's machines instead of this one, so the plan does not look for them here.
+* ``job_status(plan)``, ``job_logs(plan, lines)``, ``job_cancel(plan)`` (infra): what
+  ``olmx jobs status|logs|cancel RUN_DIR`` run for a run launched on this target.
 """
 
 from __future__ import annotations

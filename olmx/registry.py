@@ -64,11 +64,28 @@ class PluginEntry:
         path = _module_source(self.module)
         if path is None:
             return ""
-        try:
-            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
-        except (OSError, SyntaxError, ValueError):
-            return ""
+        doc = _leading_docstring(path)
         return doc.strip().splitlines()[0] if doc else ""
+
+
+def _leading_docstring(path: Path) -> str | None:
+    """The module docstring of the source file ``path``: its first statement if that is a
+    string literal; only the tokens up to it are read (no parse of the whole module)."""
+    import tokenize
+
+    skip = {tokenize.ENCODING, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT}
+    try:
+        with open(path, "rb") as f:
+            for token in tokenize.tokenize(f.readline):
+                if token.type in skip:
+                    continue
+                if token.type != tokenize.STRING:
+                    return None
+                value = ast.literal_eval(token.string)
+                return value if isinstance(value, str) else None
+    except (OSError, SyntaxError, ValueError, tokenize.TokenError):
+        return None
+    return None
 
 
 def _module_source(module: str) -> Path | None:
@@ -130,12 +147,21 @@ class Registry:
         """Scan the installed distributions' entry points (imports nothing)."""
         allowed = _allowed()
         entries: list[PluginEntry] = []
+        every = metadata.entry_points()  # one scan of the installed distributions
+        about: dict[int, tuple[str, str]] = {}  # METADATA is parsed once per distribution
+
+        def name_version(dist: Any) -> tuple[str, str]:
+            if dist is None:
+                return "?", "?"
+            if id(dist) not in about:
+                md = dist.metadata
+                about[id(dist)] = (md["Name"], md["Version"])
+            return about[id(dist)]
+
         for kind, group in GROUPS.items():
             found: list[PluginEntry] = []
-            for ep in metadata.entry_points(group=group):
-                dist = ep.dist.metadata["Name"] if ep.dist is not None else "?"
-                version = ep.dist.version if ep.dist is not None else "?"
-                found.append(PluginEntry(kind, ep.name, ep.value, dist, version))
+            for ep in every.select(group=group):
+                found.append(PluginEntry(kind, ep.name, ep.value, *name_version(ep.dist)))
             # First party wins a name clash, then the first found; the others are shadowed.
             found.sort(key=lambda e: not e.first_party)
             seen: dict[str, PluginEntry] = {}

@@ -26,8 +26,13 @@ def runs(tmp_path_factory):
     finished = olmx_cli("train", *SMALL, f"trainer.run_dir={root / 'finished'}", "trainer.max_steps=6",
                         "infra.nproc_per_node=1", "parallel=[]", env=env)
     assert finished.returncode == 0, finished.stderr
+    # olmx train writes the report when the run ends, and says where.
+    assert f"report: {root / 'finished' / 'report'} (again any time: olmx report" in " ".join(finished.stdout.split())
+    assert {p.name for p in (root / "finished" / "report").iterdir()} == {f"{n}.png" for n in PLOTS} | {"summary.txt"}
     crashed = olmx_cli("train", *SMALL, f"trainer.run_dir={root / 'crashed'}", "trainer.max_steps=6",
                        "infra.max_restarts=0", env={**env, "OLMX_FAULTS": "kill@3:1"})
+    for p in (root / "finished" / "report", root / "crashed" / "report"):
+        shutil.rmtree(p)  # the tests below check what olmx report writes
     return root / "finished", root / "crashed", crashed
 
 
@@ -59,6 +64,7 @@ def test_report_of_a_finished_run(runs):
 def test_killed_rank_without_restarts_is_named_and_reported(runs):
     _, crashed, proc = runs
     assert proc.returncode == 1
+    assert f"report: {crashed / 'report'}" in " ".join(proc.stdout.split())  # also after a failure
     assert "node 0 local rank 1 (attempt 0): " in proc.stderr and "SIGKILL" in proc.stderr
     assert "no restarts left (infra.max_restarts=0)" in proc.stderr
     assert "attempt_0/1/stderr.log" in proc.stderr  # where the dead rank's log is

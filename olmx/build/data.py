@@ -42,7 +42,7 @@ def stdlib_files() -> list[Path]:
 
 
 def text_files(paths: list[str]) -> list[Path]:
-    """The user's text files (globs expanded, in the given order)."""
+    """The files ``paths`` name (globs expanded; each pattern's matches sorted, in the given order)."""
     out: list[Path] = []
     for p in paths:
         out += [Path(m) for m in sorted(glob.glob(os.path.expanduser(p)))]
@@ -68,7 +68,7 @@ def tokenize_bytes(files: list[Path], eos_id: int, out: Path) -> int:
 def token_files(data: DataConfig) -> list[str]:
     """Paths of the token arrays for ``data``, tokenizing into the cache first if needed."""
     if data.name == "numpy":
-        return [m for p in data.paths for m in sorted(glob.glob(os.path.expanduser(p)))]
+        return [str(f) for f in text_files(data.paths)]
     files = stdlib_files() if data.name == "stdlib" else text_files(data.paths)
     key = hashlib.sha256(f"{sys.version}|{data.tokenizer.eos_id}".encode())
     for path in files:

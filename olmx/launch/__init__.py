@@ -1,12 +1,51 @@
-"""Helpers shared by the infra plugins: the worker command and following a run."""
+"""Helpers shared by the infra plugins: torchrun settings and command, the worker command,
+templates."""
 
 from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from olmx.errors import ConfigError
 from olmx.plan import Plan
+
+
+#: Environment of every torchrun olmx starts. A fresh rendezvous store for every attempt:
+#: torchrun's shared agent store keeps the previous attempt's process-group addresses, and a
+#: restarted gloo group that reads one before its peer overwrote it fails with
+#: "connectFullMesh ... Connection refused".
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass
+class TorchrunConfig:
+    """How torchrun restarts and stops the workers; part of every infra target's settings."""
+
+    #: torchrun elastic restarts of the whole group after a process fails; each restart
+    #: resumes from the newest checkpoint that verifies.
+    max_restarts: int = 0
+    #: Seconds torchrun waits, after passing on a stop signal (SIGTERM/SIGINT), for the
+    #: processes to finish their step and save a checkpoint before it kills them.
+    stop_timeout: int = 300
+
+
+def torchrun_flags(cfg: TorchrunConfig, run_dir: str | Path) -> list[str]:
+    """torchrun options every infra target passes: restarts, the stop grace period, and
+    per-rank logs and error files of every attempt under ``RUN_DIR/logs/torchrun`` (which
+    :mod:`olmx.launch.failures` reads) while the ranks' output still reaches the node log."""
+    if cfg.max_restarts < 0:
+        raise ConfigError("infra.max_restarts", f"must be 0 or more, got {cfg.max_restarts}")
+    if cfg.stop_timeout < 1:
+        raise ConfigError("infra.stop_timeout", f"must be at least 1 second, got {cfg.stop_timeout}")
+    return [f"--max-restarts={cfg.max_restarts}", f"--log-dir={torchrun_log_dir(run_dir)}", "--tee=3",
+            f"--shutdown-timeout={cfg.stop_timeout}"]
+
+
+def torchrun_log_dir(run_dir: str | Path) -> Path:
+    """Where torchrun keeps each attempt's per-rank logs and error files."""
+    return Path(run_dir) / "logs" / "torchrun"
 
 
 def worker_command(plan_path: str | Path, *, python: str | None = None) -> list[str]:
@@ -16,20 +55,21 @@ def worker_command(plan_path: str | Path, *, python: str | None = None) -> list[
 
 def torchrun_command(
     plan: Plan,
+    cfg: TorchrunConfig,
     *,
     nnodes: int,
     nproc_per_node: int,
     node_rank: int | None = 0,
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "olmx",
-    max_restarts: int = 0,
     python: str | None = None,
 ) -> list[str]:
-    """torchrun over :func:`worker_command`; ``rdzv_endpoint=None`` on one node means a
-    standalone rendezvous on a free local port."""
+    """torchrun (with :func:`torchrun_flags`) over :func:`worker_command`, to run with
+    :data:`TORCHRUN_ENV`; ``rdzv_endpoint=None`` on one node means a standalone rendezvous on
+    a free local port."""
     py = python or sys.executable
     cmd = [py, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-           f"--max-restarts={max_restarts}"]
+           *torchrun_flags(cfg, plan.run_dir)]
     if rdzv_endpoint is None:
         cmd.append("--standalone")
     else:

@@ -1,5 +1,5 @@
 """Following a run from the launching terminal: a progress bar drawn from the run's
-``metrics.jsonl``, the log tail when it fails, and the summary table when it ends."""
+``metrics.jsonl`` and the log tail when it fails (the end-of-run report is olmx.report)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from olmx.errors import RunFailed
 from olmx.plan import Plan
 
 METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -73,26 +71,6 @@ def _advance(progress: Progress, task: int, metrics: Path, offset: int) -> int:
             fields["tps"] = f"{r['tokens_per_s']:,.0f}"
         progress.update(task, completed=r["step"], **fields)
     return offset + len(complete.encode())
-
-
-def summary_table(run_dir: str | Path) -> Table | None:
-    """The end-of-run table from ``summary.json`` (None if the run wrote none)."""
-    path = Path(run_dir) / SUMMARY_FILE
-    if not path.exists():
-        return None
-    s = json.loads(path.read_text())
-    table = Table(title="olmx run summary", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    table.add_row("steps", str(s["steps"]) + (f" (resumed from {s['resumed_from']})" if s.get("resumed_from") else ""))
-    table.add_row("tokens", f"{s['tokens']:,}")
-    table.add_row("loss first -> last", f"{fmt(s['first_loss'], '.4f')} -> {fmt(s['last_loss'], '.4f')}")
-    procs = sorted(s.get("processes", []), key=lambda p: p["rank"])
-    table.add_row("tokens/s per process", ", ".join(fmt(p["tokens_per_s"], ",.0f") for p in procs))
-    table.add_row("peak memory (MiB)", ", ".join(fmt(p["peak_mem_mib"], ",.0f") for p in procs))
-    table.add_row("run dir", str(s["run_dir"]))
-    return table
 
 
 def progress_line(plan: Plan) -> str:

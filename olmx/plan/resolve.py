@@ -72,7 +72,8 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     if world.size < 1:
         raise ConfigError("infra", f"the run needs at least one process, got {world.nnodes} x {world.nproc_per_node}")
     _check_model(run.model)
-    _check_data(run)
+    data_here = getattr(infra, "data_on_this_machine", None)
+    _check_data(run, files_here=data_here is None or data_here(run.infra[run.infra_name]))
     _check_trainer(run)
 
     sections: dict[str, list[tuple[str, str]]] = {}
@@ -159,7 +160,8 @@ def _check_model(m: ModelConfig) -> None:
         raise ConfigError("model.attn_backend", f"'{m.attn_backend}' is not one of {', '.join(ATTN_BACKENDS)}")
 
 
-def _check_data(run: RunConfig) -> None:
+def _check_data(run: RunConfig, *, files_here: bool = True) -> None:
+    """The data settings; with ``files_here`` also that ``data.paths`` exist and are readable."""
     d, tok = run.data, run.data.tokenizer
     if d.name not in DATA_SOURCES:
         raise ConfigError("data.name", f"'{d.name}' is not one of {', '.join(DATA_SOURCES)}")
@@ -177,7 +179,7 @@ def _check_data(run: RunConfig) -> None:
         return
     if not d.paths:
         raise ConfigError("data.paths", f"data={d.name} needs at least one file: data.paths=[path/to/file,...]")
-    for p in d.paths:
+    for p in d.paths if files_here else []:
         matches = glob.glob(os.path.expanduser(p))
         if not matches:
             raise ConfigError("data.paths", f"'{p}' does not exist")

@@ -10,17 +10,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from olmx.errors import ConfigError, RunFailed
+from olmx.launch import TORCHRUN_ENV, TorchrunConfig
 from olmx.protocols import World
 
 
-#: Environment of torchrun. A fresh rendezvous store for every attempt: torchrun's shared agent
-#: store keeps the previous attempt's process-group addresses, and a restarted gloo group that
-#: reads one before its peer overwrote it fails with "connectFullMesh ... Connection refused".
-TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
 @dataclass
-class LocalConfig:
+class LocalConfig(TorchrunConfig):
     """Settings of ``infra=local``."""
 
     #: Processes on this machine: one per GPU; null means all GPUs, or 2 CPU processes.
@@ -33,12 +28,6 @@ class LocalConfig:
     master_addr: str = "127.0.0.1"
     #: Rendezvous port on node 0, used when ``nnodes > 1``.
     master_port: int = 29500
-    #: torchrun elastic restarts of the whole group after a process fails; each restart
-    #: resumes from the newest checkpoint that verifies.
-    max_restarts: int = 0
-    #: Seconds torchrun waits, after passing on a stop signal (SIGTERM/SIGINT), for the
-    #: processes to finish their step and save a checkpoint before it kills them.
-    stop_timeout: int = 300
 
 
 class LocalInfra:
@@ -70,13 +59,8 @@ class LocalInfra:
 
         cfg = self._cfg(plan)
         endpoint = None if cfg.nnodes == 1 else f"{cfg.master_addr}:{cfg.master_port}"
-        cmd = torchrun_command(plan, nnodes=cfg.nnodes, nproc_per_node=plan.world.nproc_per_node,
-                               node_rank=cfg.node_rank, rdzv_endpoint=endpoint, max_restarts=cfg.max_restarts)
-        # Per-rank logs and error files of every attempt (olmx.launch.failures reads them); the
-        # ranks' output still reaches the node log (--tee).
-        at = len(cmd) - 1 - cmd[::-1].index("-m")  # where `-m olmx run PLAN` starts
-        return cmd[:at] + [f"--log-dir={self._torchrun_logs(plan)}", "--tee=3",
-                           f"--shutdown-timeout={cfg.stop_timeout}"] + cmd[at:]
+        return torchrun_command(plan, cfg, nnodes=cfg.nnodes, nproc_per_node=plan.world.nproc_per_node,
+                                node_rank=cfg.node_rank, rdzv_endpoint=endpoint, rdzv_id=self._launch_id(plan, cfg))
 
     def dry_run(self, plan: Any) -> str:
         """The exact command that would run."""
@@ -93,7 +77,6 @@ class LocalInfra:
         SIGTERM to this process (a scheduler taking the machine) is passed on to torchrun and
         its processes, which finish their step and save a checkpoint; Ctrl-C does the same."""
         import time
-        import uuid
 
         from rich.console import Console
 
@@ -105,7 +88,7 @@ class LocalInfra:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"node{cfg.node_rank}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
-        launch_id, started = uuid.uuid4().hex[:12], time.time()
+        launch_id, started = self._launch_id(plan, cfg), time.time()
         env = {**TORCHRUN_ENV, **os.environ, LAUNCH_ENV: launch_id}
         console = Console(stderr=True)
         interrupted = False
@@ -139,20 +122,21 @@ class LocalInfra:
         """Record the rank failures of this launch in ``events.jsonl`` and turn its outcome
         into the return value or a :class:`RunFailed`."""
         from olmx.events import append_event, outcome, read_events
+        from olmx.launch import torchrun_log_dir
         from olmx.launch.failures import attempt_failures, latest_torchrun_dir
 
         with open(log_path, "rb") as f:
             f.seek(offset)
             console_text = f.read().decode(errors="replace")
-        failures = attempt_failures(console_text, latest_torchrun_dir(self._torchrun_logs(plan), since=started),
+        failures = attempt_failures(console_text, latest_torchrun_dir(torchrun_log_dir(plan.run_dir), since=started),
                                     node_rank=cfg.node_rank)
         for failure in failures:
             append_event(plan.run_dir, "rank_failed", launch=launch_id, **failure.as_event())
-        for e in read_events(plan.run_dir, launch=launch_id):
+        for e in read_events(plan.run_dir, launch=launch_id, since=started):
             if e["event"] == "checkpoint_corrupt":
                 console.print(f"[yellow]checkpoint step {e['step']} was corrupt[/] ({e['problem']}); "
                               f"moved to {e['moved_to']}, an older one was used", highlight=False)
-        result = outcome(plan.run_dir, launch=launch_id, returncode=rc)
+        result = outcome(plan.run_dir, launch=launch_id, since=started, returncode=rc)
         restarts = failures if result.state != "failed" else failures[:-1]
         for failure in restarts:
             console.print(f"[yellow]restarted[/] after {failure.describe()}")
@@ -176,8 +160,19 @@ class LocalInfra:
         raise RunFailed(f"training failed with exit code {rc}; last lines of {log_path}:\n{tail(log_path)}", rc or 1)
 
     @staticmethod
-    def _torchrun_logs(plan: Any) -> Path:
-        return Path(plan.run_dir) / "logs" / "torchrun"
+    def _launch_id(plan: Any, cfg: LocalConfig) -> str:
+        """Names this launch in ``events.jsonl`` (and, on several nodes, the rendezvous). On one
+        node a fresh random id; on several, every node derives the same one from the run
+        directory and rendezvous address: the launcher of any node may host global rank 0 (c10d
+        hands out ranks in arrival order) and each reads the outcome that rank 0 wrote. Records
+        of earlier launches under the same id are told apart by time."""
+        import hashlib
+        import uuid
+
+        if cfg.nnodes == 1:
+            return uuid.uuid4().hex[:12]
+        where = f"{Path(plan.run_dir).resolve()}|{cfg.master_addr}:{cfg.master_port}|{cfg.nnodes}"
+        return "olmx-" + hashlib.sha256(where.encode()).hexdigest()[:12]
 
     @staticmethod
     def _cfg(plan: Any) -> LocalConfig:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from olmx.errors import ConfigError
+from olmx.plan.linears import LinearLayer, model_linears
 from olmx.protocols import Contribution, World
 from olmx_plugins.precision.bf16 import SHARDED, apply_mixed_precision, resolve_mixed_precision, sharded
 
@@ -77,15 +78,6 @@ class MXFP8Config:
     exclude: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class LinearLayer:
-    """A linear layer as the plan sees it."""
-
-    name: str
-    in_features: int
-    out_features: int
-
-
 def keep_reason(name: str, in_features: int, out_features: int, *, exclude: list[str] | tuple[str, ...] = (),
                 subclass: bool = False) -> str | None:
     """Why the linear layer ``name`` stays in high precision, or None if it becomes MXFP8.
@@ -103,19 +95,6 @@ def keep_reason(name: str, in_features: int, out_features: int, *, exclude: list
     if bad:
         return f"{', '.join(bad)} not a multiple of the MX block size {BLOCK_SIZE}"
     return None
-
-
-def model_linears(model: Any, vocab_size: int) -> list[LinearLayer]:
-    """The ``nn.Linear`` layers of the OLMo-core llama-like transformer ``model`` (an
-    :class:`olmx.config.schema.ModelConfig`) builds, computed without torch (a test compares
-    them with the built model)."""
-    head_dim = model.d_model // model.n_heads
-    q, kv = model.n_heads * head_dim, (model.n_kv_heads or model.n_heads) * head_dim
-    d, h = model.d_model, model.hidden_size
-    block = [("attention.w_q", d, q), ("attention.w_k", d, kv), ("attention.w_v", d, kv), ("attention.w_out", q, d),
-             ("feed_forward.w1", d, h), ("feed_forward.w2", h, d), ("feed_forward.w3", d, h)]
-    layers = [LinearLayer(f"blocks.{i}.{n}", a, b) for i in range(model.n_layers) for n, a, b in block]
-    return layers + [LinearLayer("lm_head.w_out", d, vocab_size)]
 
 
 def tokens_per_micro_batch(run: Any) -> tuple[int, str]:
@@ -202,8 +181,9 @@ class MXFP8Precision:
                 f"(use precision=bf16, or a d_model divisible by {BLOCK_SIZE})")
 
         converted, kept = [], {}
-        for layer in model_linears(run.model, padded_vocab(run.data.tokenizer.vocab_size)):
-            why = keep_reason(layer.name, layer.in_features, layer.out_features, exclude=cfg.exclude)
+        for layer in model_linears(run, padded_vocab(run.data.tokenizer.vocab_size)):
+            why = keep_reason(layer.name, layer.in_features, layer.out_features, exclude=cfg.exclude,
+                              subclass=layer.subclass)
             if why is None:
                 converted.append(layer)
             else:
@@ -222,15 +202,9 @@ class MXFP8Precision:
                        f"({cfg.scale_calculation_mode}); X, W and dY quantized per GEMM along its contraction dim"),
             ("hardware", hardware(world) + ("" if cc or world.device != "cuda" else ", checked on the worker")),
             ("kernels", kernels),
-            ("MXFP8 linear layers" + (" (dense model; see layer plugins)" if run.layers else ""),
-             f"{len(converted)}: {_shown(converted)}"),
+            ("MXFP8 linear layers", f"{len(converted)}: {_shown(converted)}"),
         ]
         rows += [(f"kept in {param_dtype}", f"{_shown(v)}: {k}") for k, v in kept.items()]
-        if run.layers:
-            rows.append(("layer plugins", f"{', '.join(run.layers)} may replace or add modules; the same rule is "
-                                          "applied to the built model and the worker logs the final list (MoE "
-                                          "routed experts are grouped weights, not nn.Linear, and stay in "
-                                          f"{param_dtype}, as do nn.Linear subclasses and Engram)"))
         rows += [(label.replace("compute", "compute outside MXFP8 layers", 1), value) for label, value
                  in resolve_mixed_precision("precision.mxfp8", param_dtype, cfg.reduce_dtype, run, world)]
         rows.append(("tokens per micro-batch", f"{tokens} ({how}), a multiple of {BLOCK_SIZE}"))

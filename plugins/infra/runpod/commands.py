@@ -4,19 +4,17 @@
 ``olmx train infra=runpod OVERRIDES`` would, creates its pod (or, with ``infra.nodes`` > 1,
 its instant cluster), waits until it runs with SSH and prints how to reach it and how to
 train on it. ``list``, ``status``, ``stop``, ``start``, ``terminate`` and
-``terminate-cluster`` manage what exists.
+``terminate-cluster`` manage what exists. The CLI gives these commands its error handling.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
-from olmx.errors import ConfigError, OlmxError
+from olmx.errors import ConfigError
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -32,33 +30,17 @@ class _UpByDefault(typer.core.TyperGroup):
         return super().parse_args(ctx, args)
 
 
-def _clean(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """An olmx error becomes one message and its exit code (as in the rest of the CLI)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except OlmxError as exc:
-            from rich.text import Text
-
-            err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
-            raise typer.Exit(exc.exit_code) from None
-
-    return wrapper
-
-
 def app() -> typer.Typer:
     """The ``olmx provision runpod`` command group."""
     group = typer.Typer(cls=_UpByDefault, no_args_is_help=True, add_completion=False,
                         help="Create and manage RunPod pods (REST API v2; key from RUNPOD_API_KEY).")
-    group.command("up", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(_clean(up))
-    group.command("list")(_clean(list_all))
-    group.command("status")(_clean(status))
-    group.command("start")(_clean(start))
-    group.command("stop")(_clean(stop))
-    group.command("terminate")(_clean(terminate))
-    group.command("terminate-cluster")(_clean(terminate_cluster))
+    group.command("up", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(up)
+    group.command("list")(list_all)
+    group.command("status")(status)
+    group.command("start")(start)
+    group.command("stop")(stop)
+    group.command("terminate")(terminate)
+    group.command("terminate-cluster")(terminate_cluster)
     return group
 
 

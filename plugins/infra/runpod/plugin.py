@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from olmx.errors import ConfigError, LaunchError, RunFailed
+from olmx.launch import TorchrunConfig
 from olmx.protocols import World
 
 #: RunPod's PyTorch image with olmx's torch pin (2.13.0). Why this tag: it is the CUDA 13.0
@@ -53,7 +54,7 @@ _SPEC_KEYS = {"gpu_count": "gpus_per_node", "gpus_per_pod": "gpus_per_node", "po
 
 
 @dataclass
-class RunPodConfig:
+class RunPodConfig(TorchrunConfig):
     """Settings of ``infra=runpod``."""
 
     #: RunPod GPU type id (``NVIDIA H100 80GB HBM3``, ``NVIDIA B200``, ...).
@@ -103,6 +104,13 @@ class RunPodConfig:
     #: Install olmx on the pod from the shipped source with pinned dependencies; false for an
     #: image that already has this olmx.
     install: bool = True
+    #: Copy the run's data files (``data=text``/``numpy``: the files ``data.paths`` names
+    #: here) to every pod, under ``<workdir>/run/data/``, and train on the copies; false:
+    #: ``data.paths`` already name files on the pods (in the image or on a network volume).
+    ship_data: bool = True
+    #: Refuse to ship more than this many GB of data files (copying goes through SSH with the
+    #: run); put larger data on a network volume or in the image and set ``ship_data=false``.
+    ship_data_max_gb: float = 5.0
     #: SSH private key for the pods (``ssh -i``); null: ssh's defaults and agent. Its public
     #: key must be registered with RunPod.
     ssh_key: Optional[str] = None
@@ -127,6 +135,10 @@ class RunPodInfra:
         return app()
 
     # -- plan --------------------------------------------------------------------------------
+
+    def data_on_this_machine(self, cfg: RunPodConfig) -> bool:
+        """Shipped data is read here first; with ``infra.ship_data=false`` it is on the pods."""
+        return cfg.ship_data
 
     def world(self, cfg: RunPodConfig) -> World:
         """Processes from the settings; every setting that reaches RunPod is checked here."""
@@ -219,6 +231,7 @@ class RunPodInfra:
             f"\n# 2. Copy to {w} on every node (ssh ... 'tar -xzf - -C {w}'): run/plan.yaml (run_dir "
             f"{w}/run), bootstrap.sh, constraints.txt (the dependency pins of this olmx)"
             + (", olmx-src/" if cfg.install else "")
+            + _shipped_data_note(plan, cfg)
             + (f", run/checkpoints/step{plan.resume_step} (resuming)" if plan.resume_step is not None else ""),
             "#    then start it: ssh ... 'cd {w} && NODE_RANK=<rank> NUM_NODES={n} nohup setsid bash bootstrap.sh &'. "
             "bootstrap.sh:".format(w=w, n=cfg.nodes),
@@ -230,16 +243,18 @@ class RunPodInfra:
         ]
         return "\n".join(parts)
 
-    def bootstrap(self, plan: Any) -> str:
-        """The bootstrap script every node runs (``templates/runpod/bootstrap.sh.j2``)."""
-        from olmx.launch import render_template
+    def bootstrap(self, plan: Any, launch_id: str = "runpod-LAUNCH") -> str:
+        """The bootstrap script every node of one launch runs (``templates/runpod/bootstrap.sh.j2``);
+        ``launch_id`` names the launch in ``events.jsonl`` (each launch gets a fresh one)."""
+        from olmx.launch import TORCHRUN_ENV, render_template, torchrun_flags
 
         cfg = self._cfg(plan)
         return render_template(
             TEMPLATE, workdir=cfg.workdir, python=cfg.python, nproc_per_node=plan.world.nproc_per_node,
             env=sorted(cfg.env.items()), torch_version=_torch_pin(), install=cfg.install,
             flash_attn_wheel=cfg.flash_attn_wheel if plan.world.device == "cuda" else None,
-            rdzv_id=f"olmx-{Path(plan.run_dir).name}")
+            rdzv_id=f"olmx-{Path(plan.run_dir).name}", torchrun_env=sorted(TORCHRUN_ENV.items()),
+            torchrun_flags=torchrun_flags(cfg, f"{cfg.workdir}/run"), launch_id=launch_id)
 
     # -- launch ------------------------------------------------------------------------------
 
@@ -252,6 +267,7 @@ class RunPodInfra:
 
         cfg = self._cfg(plan)
         console = Console(stderr=True, highlight=False, soft_wrap=True)
+        shipped_data(plan, cfg)  # refused before any pod exists
         client = RunPodClient.from_env()
         nodes, cluster_id, created = self._acquire(client, cfg, plan, console)
         remotes = [self._remote(plan, cfg, node.ssh) for node in nodes]
@@ -326,6 +342,8 @@ class RunPodInfra:
     def _bundle(self, plan: Any, cfg: RunPodConfig) -> bytes:
         """What goes to every node: the pod's plan, the bootstrap, the pins, the source, and
         the checkpoint a resumed run starts from (with its metrics)."""
+        import uuid
+
         import yaml
 
         from olmx_plugins.infra.runpod import remote as rm
@@ -333,11 +351,14 @@ class RunPodInfra:
         run_dir = f"{cfg.workdir}/run"
         config = json.loads(json.dumps(plan.config))
         config["trainer"]["run_dir"] = run_dir
+        data_files = shipped_data(plan, cfg)
+        if data_files:
+            config["data"]["paths"] = [f"{run_dir}/{name}" for name in data_files]
         pod_plan = replace(plan, run_dir=run_dir, config=config)
         files = {"run/plan.yaml": yaml.safe_dump(pod_plan.to_dict(), sort_keys=False).encode(),
-                 "bootstrap.sh": self.bootstrap(plan).encode(),
+                 "bootstrap.sh": self.bootstrap(plan, f"runpod-{uuid.uuid4().hex[:12]}").encode(),
                  "constraints.txt": "".join(f"{r}\n" for r in pinned_requirements()).encode()}
-        trees: list[tuple[str, Path]] = []
+        trees: list[tuple[str, Path]] = [(f"run/{name}", path) for name, path in data_files.items()]
         if cfg.install:
             root = rm.source_root()
             trees += [(f"olmx-src/{part}", root / part) for part in rm.SOURCE_PARTS]
@@ -555,6 +576,31 @@ def _wait_ended(look: Any, poll: float, timeout: float = 120.0) -> None:
         except LaunchError:
             pass
         time.sleep(min(poll, 2.0))
+
+
+
+def shipped_data(plan: Any, cfg: RunPodConfig) -> dict[str, Path]:
+    """The local data files shipped to the pods, by their name under the pod's run directory
+    (``data/000-name``, in ``data.paths`` order); ConfigError above ``infra.ship_data_max_gb``."""
+    from olmx.build.data import text_files
+
+    data = plan.config["data"]
+    if not cfg.ship_data or data["name"] == "stdlib":
+        return {}
+    files = text_files(list(data["paths"]))
+    total = sum(f.stat().st_size for f in files)
+    if total > cfg.ship_data_max_gb * 1e9:
+        raise ConfigError("infra.ship_data_max_gb", f"data.paths hold {total / 1e9:.1f} GB, more than the "
+                          f"{cfg.ship_data_max_gb:g} GB olmx copies to pods over SSH; put the data on a network "
+                          "volume (infra.network_volume_id) or in the image and set infra.ship_data=false")
+    return {f"data/{i:03d}-{f.name}": f for i, f in enumerate(files)}
+
+
+def _shipped_data_note(plan: Any, cfg: RunPodConfig) -> str:
+    files = shipped_data(plan, cfg)
+    if not files:
+        return ""
+    return f", run/data/ ({len(files)} data file(s), {sum(f.stat().st_size for f in files.values()) / 1e6:.1f} MB)"
 
 
 def _write_record(run_dir: str, record: dict[str, Any]) -> None:

@@ -50,16 +50,17 @@ _CHUNK = 1 << 20
 
 #: One look at node RANK from WORK, given the local offsets MO, LO of metrics and log: a
 #: header line ``<metrics size> <metrics offset> <n> <log size> <log offset> <m> <exit> <alive>``
-#: (``exit`` is ``-`` while there is none), then exactly n bytes of metrics and m bytes of
+#: (``exit`` is ``-`` while there is none; read after ``alive``, so that a bootstrap ending
+#: between the two reads is never taken for one that died without a status), then exactly n bytes of metrics and m bytes of
 #: log from those offsets. An offset past the end (the file was truncated) restarts at 0.
 #: Shell and coreutils only, so it works whatever state the pod's Python is in.
 _PROBE = """cd {work} || exit 1
 look() {{ local size off n; size=$(stat -c %s "$1" 2>/dev/null || echo 0); off=$2
   [ "$off" -le "$size" ] || off=0; n=$((size - off)); [ "$n" -le {chunk} ] || n={chunk}; echo "$size $off $n"; }}
 m=$(look run/metrics.jsonl {mo}); l=$(look run/logs/node{rank}.log {lo})
-ex=$(cat status/exit.node{rank} 2>/dev/null || echo -)
 {alive}
 alive status/pid.node{rank} && alive=1 || alive=0
+ex=$(cat status/exit.node{rank} 2>/dev/null || echo -)
 echo "$m $l $ex $alive"; set -- $m $l
 tail -c +$(($2 + 1)) run/metrics.jsonl 2>/dev/null | head -c "$3"
 tail -c +$(($5 + 1)) run/logs/node{rank}.log 2>/dev/null | head -c "$6"
@@ -221,8 +222,8 @@ def state(remote: Remote, workdir: str, rank: int = 0) -> tuple[int | None, dict
     when its bootstrap died without an exit status."""
     w = shlex.quote(workdir)
     out = remote.run(
-        f"cd {w} || exit 1\n{_ALIVE.format()}\ncat status/exit.node{rank} 2>/dev/null || "
-        f"{{ alive status/pid.node{rank} && echo running; }} || echo 255\ntail -n 1 run/metrics.jsonl 2>/dev/null; true",
+        f"cd {w} || exit 1\n{_ALIVE.format()}\nalive status/pid.node{rank} && a=running || a=255\n"
+        f"cat status/exit.node{rank} 2>/dev/null || echo $a\ntail -n 1 run/metrics.jsonl 2>/dev/null; true",
         timeout=60, what="checking on the training").decode(errors="replace").splitlines()
     code = None if not out or out[0].strip() == "running" else int(out[0])
     try:

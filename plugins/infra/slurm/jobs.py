@@ -83,6 +83,7 @@ def render_sbatch(
     env: Mapping[str, str] | None = None,
     workdir: str | os.PathLike[str] | None = None,
     extra_sbatch_args: Sequence[str] = (),
+    torchrun_flags: Sequence[str] = (),
 ) -> str:
     """Render the sbatch script that runs ``command`` under torchrun on every node.
 
@@ -115,6 +116,8 @@ def render_sbatch(
         env: Variables exported in the batch script, inherited by srun and the workers.
         workdir: Directory the script changes to before starting srun; default ``run_dir``.
         extra_sbatch_args: Further ``#SBATCH`` options, each one ``--name[=value]`` word.
+        torchrun_flags: Further torchrun options (:func:`olmx.launch.torchrun_flags`), quoted
+            word by word.
 
     Raises:
         SlurmError: A value would not survive an ``#SBATCH`` line or the shell (whitespace
@@ -183,6 +186,7 @@ def render_sbatch(
         env=list(env.items()),
         workdir=str(workdir),
         extra_sbatch_args=list(extra_sbatch_args),
+        torchrun_flags=list(torchrun_flags),
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
     )

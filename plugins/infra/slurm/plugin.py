@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from olmx.errors import ConfigError, LaunchError, RunFailed
+from olmx.launch import TORCHRUN_ENV, TorchrunConfig
 from olmx.protocols import World
 
 #: File in the run directory that records the submitted job.
@@ -30,7 +31,7 @@ SCRIPT_FILE = "sbatch.sh"
 
 
 @dataclass
-class SlurmConfig:
+class SlurmConfig(TorchrunConfig):
     """Settings of ``infra=slurm``."""
 
     #: Nodes of the job (``--nodes``); one torchrun runs on each.
@@ -272,7 +273,7 @@ class _JobWatch:
 
 def _render(cfg: SlurmConfig, *, run_dir: str, plan_path: str, nproc_per_node: int) -> str:
     """The batch script; a value that would not survive it is a ConfigError naming its key."""
-    from olmx.launch import worker_command
+    from olmx.launch import torchrun_flags, worker_command
     from olmx_plugins.infra.slurm import jobs
 
     python = cfg.python or sys.executable
@@ -283,8 +284,8 @@ def _render(cfg: SlurmConfig, *, run_dir: str, plan_path: str, nproc_per_node: i
             partition=cfg.partition, account=cfg.account, time=cfg.time,
             gpus_per_node=cfg.gpus_per_node or None, cpus_per_task=cfg.cpus_per_task, mem=cfg.mem,
             signal_seconds=cfg.signal_seconds, requeue=cfg.requeue, container_image=cfg.container_image,
-            container_mounts=cfg.container_mounts, env={"PYTHONUNBUFFERED": "1", **cfg.env},
-            extra_sbatch_args=cfg.extra_sbatch_args,
+            container_mounts=cfg.container_mounts, env={**TORCHRUN_ENV, **cfg.env},
+            extra_sbatch_args=cfg.extra_sbatch_args, torchrun_flags=torchrun_flags(cfg, run_dir),
         )
     except jobs.SlurmError as exc:  # "slurm <argument>...: why"
         text = str(exc).removeprefix("slurm ")

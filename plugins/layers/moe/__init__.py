@@ -24,6 +24,8 @@ _EXPORTS = {
     "SharedExpert": "modules",
     "moe_layers": "modules",
     "v1_state_dict_to_portable": "modules",
+    "portable_state_dict_to_v1": "modules",
+    "convert_model_state_dict": "modules",
     "MoEFeedForwardConfig": "block",
     "MoEBlockConfig": "block",
     "MoEBlock": "block",

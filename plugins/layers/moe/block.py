@@ -20,15 +20,18 @@ implements ``num_flops_per_token``, ``apply_fsdp``, ``apply_cp`` and ``apply_tp`
 supported); ``forward`` passes ``**kwargs`` to the attention; aux losses are attached with
 ``olmo_core.ops.attach_auxiliary_loss``.
 
-Checkpoint names: an OLMo-core ``MoETransformerBlock`` (``name="moe"`` / ``"moe_reordered_norm"``)
-has the same ``attention.*``, ``attention_norm.*`` and ``feed_forward_norm.*`` keys; its
-``feed_forward_moe.*`` keys map to ``moe.*`` with ``modules.v1_state_dict_to_portable``.
+OLMo-core path: :meth:`MoEFeedForwardConfig.to_olmo_core_v1` and :meth:`MoEBlockConfig.to_olmo_core_v1`
+give the same layer / block as OLMo-core's v1 MoE (``MoEConfig`` in a ``TransformerBlockConfig``
+of type ``moe`` / ``moe_reordered_norm``, in a ``TransformerType.moe`` model), which runs its
+Triton/CUDA token permutation and grouped GEMMs. Checkpoint names: the v1 block has the same
+``attention.*``, ``attention_norm.*`` and ``feed_forward_norm.*`` keys; its ``feed_forward_moe.*``
+keys map to ``moe.*`` and back with ``modules.convert_model_state_dict``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn as nn
@@ -46,6 +49,9 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import Placement
 
 from .modules import Gating, MoEFeedForward, SharedExpertMixing
+
+if TYPE_CHECKING:
+    from olmo_core.nn.moe import MoEConfig as OLMoCoreMoEConfig
 
 __all__ = ["MoEFeedForwardConfig", "MoEBlockConfig", "MoEBlock"]
 
@@ -116,6 +122,39 @@ class MoEFeedForwardConfig(Config):
         """Parameters used per token (``top_k`` of the routed experts)."""
         return self.num_params(d_model) - 3 * (self.num_experts - self.top_k) * d_model * self.hidden_size
 
+    def to_olmo_core_v1(self) -> "OLMoCoreMoEConfig":
+        """The same layer as OLMo-core's v1 ``MoEConfig`` (``dropless`` without a capacity
+        factor, else the capacity ``default`` type). Same router (linear, softmax / sigmoid
+        gating, top-k, weight normalisation, expert bias), experts, aux losses and their
+        scaling; a shared expert needs ``shared_expert_mixing="olmo_core_v1"`` (v1's only
+        mixing). Initialisation differs (each path draws its own). Under a capacity factor the
+        two paths may drop different tokens of an over-full expert."""
+        from olmo_core.nn.feed_forward import FeedForwardConfig
+        from olmo_core.nn.moe import MoEConfig, MoERouterConfig, MoERouterGatingFunction, MoEType
+
+        self.validate()
+        if self.shared_hidden_size is not None and self.shared_expert_mixing != "olmo_core_v1":
+            raise OLMoConfigurationError(
+                "moe.shared_expert_mixing must be 'olmo_core_v1' to map a shared expert onto OLMo-core's v1 MoE "
+                "(which mixes shared/(k+1) + routed*k/(k+1))"
+            )
+        return MoEConfig(
+            name=MoEType.dropless if self.capacity_factor is None else MoEType.default,
+            num_experts=self.num_experts,
+            hidden_size=self.hidden_size,
+            capacity_factor=self.capacity_factor,
+            router=MoERouterConfig(
+                top_k=self.top_k, normalize_expert_weights=self.normalize_expert_weights,
+                bias_gamma=self.bias_gamma, gating_function=MoERouterGatingFunction(self.gating),
+            ),
+            shared_mlp=None if self.shared_hidden_size is None
+            else FeedForwardConfig(hidden_size=self.shared_hidden_size, bias=False, dtype=self.dtype),
+            lb_loss_weight=self.lb_loss_weight,
+            z_loss_weight=self.z_loss_weight,
+            scale_loss_by_num_layers=self.scale_loss_by_num_layers,
+            dtype=self.dtype,
+        )
+
     def build(
         self, d_model: int, *, layer_idx: int = 0, n_layers: int = 1, init_device: str = "cpu"
     ) -> MoEFeedForward:
@@ -165,6 +204,16 @@ class MoEBlockConfig(TransformerBlockConfig):
             dropout=block.dropout,
             moe=moe,
         )
+
+    def to_olmo_core_v1(self) -> TransformerBlockConfig:
+        """The same block as OLMo-core's v1 MoE block (``moe`` for ``default``,
+        ``moe_reordered_norm`` for ``reordered_norm``); the model holding it must be a
+        ``TransformerType.moe`` model (``MoETransformer``)."""
+        moe = self._check()
+        name = (TransformerBlockType.moe_reordered_norm if self.name == TransformerBlockType.reordered_norm
+                else TransformerBlockType.moe)
+        return TransformerBlockConfig(sequence_mixer=self.sequence_mixer, layer_norm=self.layer_norm, name=name,
+                                      dropout=self.dropout, feed_forward_moe=moe.to_olmo_core_v1())
 
     def _check(self) -> MoEFeedForwardConfig:
         if self.moe is None:

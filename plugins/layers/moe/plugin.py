@@ -1,14 +1,27 @@
 """Mixture of experts: turns the FFNs of chosen blocks into routed (and shared) experts.
 
-The portable path (olmx's own MoE, :mod:`.block`) runs on CPU and GPU and is the tested
-reference. Expert parallelism comes from the ``ddp_ep`` strategy or ``hsdp`` with
-``parallel.hsdp.expert_parallel=true``.
+Two execution paths, one config (``layers.moe.backend``):
+
+* ``portable``: olmx's own MoE (:mod:`.block`), runs on CPU and GPU, the tested reference;
+* ``olmo_core``: the same layer mapped onto OLMo-core's v1 MoE (``MoEBlockConfig.to_olmo_core_v1``:
+  ``MoEConfig`` in ``moe`` / ``moe_reordered_norm`` blocks of a ``MoETransformer``) for its
+  Triton token permutation and grouped GEMMs. CUDA only. Expert parallelism then is OLMo-core's
+  own (``ep_config``, set by ``hsdp`` with ``expert_parallel=true``). OLMo-core's DDP + EP lives
+  in its v2 stack (``OLMoDDPModelConfig``), which olmx does not map: ``ddp_ep`` uses the
+  portable path;
+* ``auto``: ``olmo_core`` where it can run (:func:`olmo_core_problem` finds nothing), else
+  ``portable``. The plan shows the choice and why.
+
+Expert parallelism comes from the ``ddp_ep`` strategy or ``hsdp`` with
+``parallel.hsdp.expert_parallel=true``. Checkpoints of the two paths differ only in the MoE
+keys (``blocks.<i>.feed_forward_moe.*`` vs ``blocks.<i>.moe.*``); ``modules.convert_model_state_dict``
+maps them both ways.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from olmx.errors import ConfigError
 from olmx.protocols import Contribution, World
@@ -46,8 +59,9 @@ class MoEConfig:
     every: int = 1
     #: Explicit block indices to turn into MoE blocks (overrides ``every``).
     blocks: Optional[list[int]] = None
-    #: ``portable`` (olmx's MoE, runs everywhere), ``olmo_core`` (OLMo-core's fused CUDA MoE;
-    #: not wired yet) or ``auto`` (portable until the OLMo-core path lands).
+    #: ``portable`` (olmx's MoE, runs everywhere), ``olmo_core`` (OLMo-core's v1 MoE with its
+    #: Triton/CUDA kernels: CUDA only, not with ddp_ep or a shared expert) or ``auto``
+    #: (olmo_core where it can run, else portable; the plan says which and why).
     backend: str = "auto"
 
 
@@ -63,8 +77,45 @@ def expert_hidden(cfg: MoEConfig, model: Any) -> int:
     return cfg.hidden_size if cfg.hidden_size is not None else model.hidden_size
 
 
+def olmo_core_problem(cfg: MoEConfig, parallel: Iterable[str], world: World) -> Optional[str]:
+    """Why OLMo-core's v1 MoE cannot run this layer in this run (None: it can)."""
+    if world.device != "cuda":
+        return (f"OLMo-core's MoE needs CUDA (its token permutation is Triton kernels) and this run's device is "
+                f"{world.device_name} ({world.device})")
+    if "ddp_ep" in parallel:
+        return ("OLMo-core's DDP + expert parallelism is its v2 stack (OLMoDDPModelConfig), which olmx does not "
+                "map: use parallel=[hsdp] parallel.hsdp.expert_parallel=true, or ddp_ep with the portable backend")
+    if cfg.shared_hidden_size is not None:
+        return ("OLMo-core's v1 MoE mixes a shared expert as shared/(k+1) + routed*k/(k+1), not as olmx's "
+                "shared + routed")
+    return None
+
+
+def choose_backend(cfg: MoEConfig, parallel: Iterable[str], world: World) -> tuple[str, str]:
+    """``(backend, why)`` for ``layers.moe.backend`` in a run with these parallel strategies
+    on ``world``; ``olmo_core`` where it cannot run is a ConfigError."""
+    problem = olmo_core_problem(cfg, list(parallel), world)
+    if cfg.backend == "olmo_core":
+        if problem:
+            raise ConfigError("layers.moe.backend", f"olmo_core cannot run here: {problem}; "
+                              "use layers.moe.backend=portable or auto")
+        return "olmo_core", "chosen"
+    if cfg.backend == "portable":
+        return "portable", "chosen"
+    if problem:
+        return "portable", f"auto: {problem}"
+    return "olmo_core", f"auto: CUDA ({world.device_name})"
+
+
+def plan_backend(plan: Any) -> str:
+    """The MoE backend of a resolved plan (``portable`` or ``olmo_core``)."""
+    cfg = MoEConfig(**plan.config["layers"]["moe"])
+    return choose_backend(cfg, plan.config.get("parallel") or {}, plan.world)[0]
+
+
 class MoELayer:
-    """Places portable MoE blocks with OLMo-core's named blocks / block overrides."""
+    """Places MoE blocks (portable, or OLMo-core v1 on the olmo_core backend) with OLMo-core's
+    named blocks / block overrides."""
 
     name = "moe"
     description = __doc__.splitlines()[0]
@@ -82,9 +133,6 @@ class MoELayer:
             raise ConfigError("layers.moe.gating", f"'{cfg.gating}' is not one of {', '.join(GATINGS)}")
         if cfg.backend not in BACKENDS:
             raise ConfigError("layers.moe.backend", f"'{cfg.backend}' is not one of {', '.join(BACKENDS)}")
-        if cfg.backend == "olmo_core":
-            raise ConfigError("layers.moe.backend", "the OLMo-core (CUDA) MoE path is not wired in this version; "
-                              "use portable or auto")
         if cfg.capacity_factor is not None and cfg.capacity_factor <= 0:
             raise ConfigError("layers.moe.capacity_factor", f"must be positive, got {cfg.capacity_factor}")
         if cfg.every < 1:
@@ -100,13 +148,30 @@ class MoELayer:
         active = per_block - 3 * (cfg.num_experts - cfg.top_k) * d * h
         dense = 3 * d * m.hidden_size
         dispatch = "dropless" if cfg.capacity_factor is None else f"capacity factor {cfg.capacity_factor}"
-        rows = [("MoE blocks", f"{blocks} of {m.n_layers}"),
+        backend, why = choose_backend(cfg, run.parallel, world)
+        rows = [("backend", f"{backend} ({why})"),
+                ("MoE blocks", f"{blocks} of {m.n_layers}"),
                 ("experts", f"{cfg.num_experts} x SwiGLU({d}->{h}), top-{cfg.top_k} {cfg.gating}, {dispatch}"),
                 ("parameters per MoE block", f"{per_block:,} total, {active:,} active")]
         if cfg.shared_hidden_size:
             rows.append(("shared expert", f"SwiGLU({d}->{cfg.shared_hidden_size})"))
         return Contribution(rows=rows, params=len(blocks) * (per_block - dense),
                             active_params=len(blocks) * (active - dense))
+
+    def linear_layers(self, cfg: MoEConfig, run: Any, layers: list[Any]) -> list[Any]:
+        """The model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) with MoE blocks: their
+        dense feed-forward is gone; routers and routed experts are plain weights (not
+        ``nn.Linear``); a shared expert brings three ``nn.Linear`` subclasses (seeded init)."""
+        from olmx.plan.linears import LinearLayer
+
+        blocks = moe_blocks(cfg, run.model.n_layers)
+        gone = tuple(f"blocks.{i}.feed_forward." for i in blocks)
+        out = [layer for layer in layers if not layer.name.startswith(gone)]
+        d, s = run.model.d_model, cfg.shared_hidden_size
+        if s:
+            out += [LinearLayer(f"blocks.{i}.moe.shared_expert.{w}", a, b, subclass=True)
+                    for i in blocks for w, a, b in (("w1", d, s), ("w2", s, d), ("w3", d, s))]
+        return out
 
     def moe_config(self, cfg: MoEConfig, plan: Any) -> Any:
         """The portable MoE's OLMo-core-style config."""
@@ -124,14 +189,20 @@ class MoELayer:
 
     def apply_model_config(self, cfg: MoEConfig, model_config: Any, plan: Any) -> Any:
         """Named blocks + pattern for ``every`` (dotted overrides reach them), block overrides
-        for an explicit list."""
+        for an explicit list. The blocks are portable ``MoEBlockConfig``s, or with the
+        ``olmo_core`` backend their OLMo-core v1 equivalent in an ``MoETransformer``."""
+        from olmo_core.nn.transformer import TransformerType
+
         from olmx_plugins.layers.moe.block import MoEBlockConfig
 
         if isinstance(model_config.block, dict):
             raise ConfigError("layers.moe", "another layer plugin already replaced the blocks; "
                               "combining it with moe is not supported yet")
         dense = model_config.block
-        moe = MoEBlockConfig.from_dense(dense, moe=self.moe_config(cfg, plan))
+        moe: Any = MoEBlockConfig.from_dense(dense, moe=self.moe_config(cfg, plan))
+        if plan_backend(plan) == "olmo_core":
+            moe = moe.to_olmo_core_v1()
+            model_config = replace(model_config, name=TransformerType.moe)
         if cfg.blocks is not None:
             overrides = dict(model_config.block_overrides or {})
             overrides.update({i: moe for i in moe_blocks(cfg, model_config.n_layers)})
@@ -143,8 +214,9 @@ class MoELayer:
         """Nothing: expert parallelism is applied by the parallel strategy."""
 
     def callbacks(self, cfg: MoEConfig, plan: Any) -> dict[str, Any]:
-        """Expert-bias balancing after every step (when ``bias_gamma`` is set)."""
-        if cfg.bias_gamma is None:
+        """Expert-bias balancing after every step (when ``bias_gamma`` is set; OLMo-core's
+        ``MoETransformer`` does it itself on the olmo_core backend)."""
+        if cfg.bias_gamma is None or plan_backend(plan) == "olmo_core":
             return {}
         from olmx_plugins.layers.moe.callbacks import ExpertBiasCallback
 

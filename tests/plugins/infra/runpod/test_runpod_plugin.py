@@ -262,10 +262,42 @@ def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_p
     while "torchrun" not in watch.log.read_text():
         assert watch.look() is None and time.monotonic() < deadline
         time.sleep(0.3)
-    assert "--nnodes=1 --nproc-per-node=2 --max-restarts=0 --standalone -m olmx run " in watch.log.read_text()
+    # The torchrun options every infra target shares (olmx.launch.torchrun_flags).
+    assert (f"--nnodes=1 --nproc-per-node=2 --max-restarts=0 --log-dir={work}/run/logs/torchrun --tee=3 "
+            "--shutdown-timeout=300 --standalone -m olmx run ") in watch.log.read_text()
     rm.kill(remote, str(work))
     while (code := watch.look()) is None:
         assert time.monotonic() < deadline
         time.sleep(0.3)
     assert code == 143
     assert "olmx: bootstrap on node 0 ends with status 143 (stopped by SIGTERM)" in watch.log.read_text()
+
+
+def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_pod(tmp_path, fake,  # noqa: F811
+                                                                                   monkeypatch) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "b.txt").write_text("second file " * 100)
+    (corpus / "a.txt").write_text("first file " * 100)
+    plan = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", "infra.workdir=/w",
+                    "data=text", f"data.paths=[{corpus}/*.txt]")
+    data = RUNPOD._bundle(plan, RUNPOD._cfg(plan))
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
+        pod_plan = tar.extractfile("run/plan.yaml").read().decode()
+        shipped = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.startswith("run/data/")}
+    assert shipped == {"run/data/000-a.txt": (corpus / "a.txt").read_bytes(),
+                       "run/data/001-b.txt": (corpus / "b.txt").read_bytes()}
+    assert "- /w/run/data/000-a.txt\n    - /w/run/data/001-b.txt" in pod_plan and str(corpus) not in pod_plan
+    assert "run/data/ (2 data file(s), 0.0 MB)" in RUNPOD.dry_run(plan)
+    # Data already on the pods (image, network volume): paths untouched, nothing shipped.
+    kept = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", "data=text",
+                    "data.paths=[/volume/corpus.txt]", "infra.ship_data=false")
+    assert not [n for n in _names(RUNPOD._bundle(kept, RUNPOD._cfg(kept))) if n.startswith("run/data")]
+
+    big = plan_for(tmp_path, "infra.gpus_per_node=0", "data=text", f"data.paths=[{corpus}/*.txt]",
+                   "infra.ship_data_max_gb=0.000001")
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.base_url)
+    monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+    with pytest.raises(ConfigError, match=r"infra.ship_data_max_gb.*0.0 GB.*infra.ship_data=false"):
+        RUNPOD.launch(big)
+    assert not fake.calls("POST", "/v2/pods")

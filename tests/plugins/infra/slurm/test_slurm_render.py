@@ -64,7 +64,12 @@ def test_minimal_script_runs_one_torchrun_per_node_with_c10d(tmp_path: Path) -> 
     assert f"RDZV_PORT=$(( {jobs.PORT_BASE} + SLURM_JOB_ID % {jobs.PORT_SPAN} ))" in script
     code = [line for line in script.splitlines() if not line.lstrip().startswith("#")]
     assert not [line for line in code if "localhost" in line or "127.0.0.1" in line]
-    assert "--container" not in script and "export " not in script
+    assert "--container" not in script
+    exports = [line for line in script.splitlines() if line.startswith("export ")]
+    assert exports == ['export OLMX_LAUNCH_ID="slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"']
+    # A failed srun ends with the run's own outcome code (75 preempted, 76 non-finite) ...
+    assert 'python -m olmx.events ' + str(tmp_path) + ' "$OLMX_LAUNCH_ID"' in script
+    assert "scontrol requeue" not in script  # ... and is requeued only when allowed
     assert f"cd {tmp_path} ||" in script
 
 
@@ -89,6 +94,7 @@ def test_every_option_lands_where_it_belongs(tmp_path: Path) -> None:
         env={"NCCL_DEBUG": "WARN", "ODD": "a b'$c"},
         workdir="/src/olmx",
         extra_sbatch_args=["--exclusive", "--qos=high"],
+        torchrun_flags=["--max-restarts=2", "--log-dir=/runs/a b/logs/torchrun", "--tee=3"],
     )
     assert _sbatch_options(script) == [
         "--job-name=tiny",
@@ -118,6 +124,9 @@ def test_every_option_lands_where_it_belongs(tmp_path: Path) -> None:
     assert "export ODD=" + shlex.quote("a b'$c") in script.splitlines()
     assert "cd /src/olmx ||" in script
     assert "trap forward_term TERM" in script
+    assert "--max-restarts=2 '--log-dir=/runs/a b/logs/torchrun' --tee=3" in srun
+    # A run that stopped with a checkpoint (exit 75) requeues the job, which resumes from it.
+    assert 'if [ "$rc" -eq 75 ]; then' in script and 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in script
 
 
 @pytest.mark.parametrize("full", [False, True])

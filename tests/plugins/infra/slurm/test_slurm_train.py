@@ -142,3 +142,36 @@ def test_failing_job_ends_the_command_with_its_exit_code_and_log(tmp_path: Path,
     assert "olmx-test: this node has no usable python" in proc.stderr  # the log tail
     assert "srun exited with status 3" in proc.stderr
     assert jobs.job_state(jid) == "FAILED"
+
+
+def test_sigterm_before_the_time_limit_saves_requeues_and_resumes(tmp_path: Path, env: dict) -> None:
+    """What ``--signal=B:TERM@N`` does near the time limit: SIGTERM to the batch script, which
+    passes it to the job step; the workers save step 3 and exit 75; the script reads that
+    outcome from events.jsonl and requeues the job (``infra.requeue=true``), whose second run
+    resumes from step 3 and finishes. Rank 0 holds in step 3 until the signal comes
+    (``OLMX_FAULTS=hold@3``, once per run directory, so the requeued run passes it)."""
+    run = tmp_path / "run"
+    proc = olmx_cli("train", *SLURM, *SMALL, "infra.requeue=true", "infra.detach=true", f"trainer.run_dir={run}",
+                    "trainer.max_steps=6", "trainer.save_interval=100", env={**env, "OLMX_FAULTS": "hold@3"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jid = job_id(run)
+    try:
+        wait_for(lambda: (run / "metrics.jsonl").exists() and '"step": 2' in (run / "metrics.jsonl").read_text(),
+                 "step 2")
+        subprocess.run(["scancel", "--batch", "--signal=TERM", jid], check=True)
+        wait_for(lambda: jobs.job_details(jid).get("Restarts") == "1", "the requeue", timeout=90)
+        # Slurm keeps a requeued job ineligible for 120 s (Reason=BeginTime); lift that as an
+        # administrator would, so the test does not wait for it.
+        subprocess.run(["scontrol", "update", f"jobid={jid}", "starttime=now"], check=True)
+        wait_for(lambda: jobs.job_state(jid) == "COMPLETED", "COMPLETED", timeout=180)
+    finally:
+        if jobs.job_state(jid) not in jobs.TERMINAL_STATES:
+            jobs.cancel(jid)
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e.get("launch"), e.get("reason"), e.get("step"), e.get("resumed_from")) for e in events
+            if e["event"] in ("start", "end")] == [
+        ("start", f"slurm-{jid}-0", None, None, None), ("end", f"slurm-{jid}-0", "SIGTERM", 3, None),
+        ("start", f"slurm-{jid}-1", None, None, 3), ("end", f"slurm-{jid}-1", "max_steps", 6, None)]
+    log = jobs.log_path(jid, run).read_text()
+    assert f"requeueing job {jid} to resume it" in log
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]

@@ -1,0 +1,48 @@
+"""The model's ``nn.Linear`` layers as the plan sees them, without torch.
+
+:func:`dense_linears` lists the layers of the OLMo-core llama-like transformer that
+:class:`olmx.config.schema.ModelConfig` builds (a test compares it with the built model).
+Layer plugins that replace or add modules edit the list through their optional hook
+``linear_layers(cfg, run, layers) -> layers`` (called in ``layers`` order), so that what a
+precision plugin plans to convert (MXFP8) is what the worker converts in the built model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LinearLayer:
+    """One ``nn.Linear`` of the built model."""
+
+    #: Fully qualified module name (``blocks.0.attention.w_q``).
+    name: str
+    in_features: int
+    out_features: int
+    #: True for an ``nn.Linear`` subclass (its own methods, e.g. a custom initialisation).
+    subclass: bool = False
+
+
+def dense_linears(model: Any, vocab_size: int) -> list[LinearLayer]:
+    """The linear layers of the dense model ``model`` (a ``ModelConfig``) with a ``vocab_size`` head."""
+    head_dim = model.d_model // model.n_heads
+    q, kv = model.n_heads * head_dim, (model.n_kv_heads or model.n_heads) * head_dim
+    d, h = model.d_model, model.hidden_size
+    block = [("attention.w_q", d, q), ("attention.w_k", d, kv), ("attention.w_v", d, kv), ("attention.w_out", q, d),
+             ("feed_forward.w1", d, h), ("feed_forward.w2", h, d), ("feed_forward.w3", d, h)]
+    layers = [LinearLayer(f"blocks.{i}.{n}", a, b) for i in range(model.n_layers) for n, a, b in block]
+    return layers + [LinearLayer("lm_head.w_out", d, vocab_size)]
+
+
+def model_linears(run: Any, vocab_size: int) -> list[LinearLayer]:
+    """The linear layers of the run's model: the dense ones, edited by each layer plugin."""
+    from olmx.registry import registry
+
+    layers = dense_linears(run.model, vocab_size)
+    for name, cfg in run.layers.items():
+        edit = getattr(registry().get("layer", name), "linear_layers", None)
+        if edit is not None:
+            layers = edit(cfg, run, layers)
+    return layers

@@ -1,0 +1,160 @@
+"""``layers.moe.backend``: the portable MoE mapped onto OLMo-core's v1 MoE, and the choice.
+
+On CPU: the config mapping, both models' construction and parameter counts, the two-way
+state-dict mapping, the backend choice and the plan's refusals. On a CUDA GPU (``gpu``
+marker): both paths with the same weights and batch give the same loss and gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from moe_testing import tiny_moe_model_config
+from olmo_core.nn.transformer import TransformerBlockType, TransformerType
+from typer.testing import CliRunner
+
+from olmx.cli import app
+from olmx.errors import ConfigError
+from olmx.protocols import World
+from olmx_plugins.layers.moe.modules import convert_model_state_dict
+from olmx_plugins.layers.moe.plugin import MOE, MoEConfig, choose_backend
+
+CPU, GPU = World(1, 2), World(1, 2, device="cuda", device_name="NVIDIA H100")
+MAP = dict(num_experts=4, d_model=64, hidden_size=32, dropless=True)  # tiny_moe_model_config's MoE
+
+
+def _both(**moe_kw):
+    """The tiny portable model config and its OLMo-core v1 equivalent."""
+    portable = tiny_moe_model_config(shared_expert_mixing="olmo_core_v1", **moe_kw)
+    blocks = {**portable.block, "moe": portable.block["moe"].to_olmo_core_v1()}
+    return portable, dataclasses.replace(portable, name=TransformerType.moe, block=blocks)
+
+
+@pytest.mark.parametrize("reordered", [False, True])
+def test_config_maps_onto_olmo_core_v1_with_equal_parameter_counts(reordered):
+    portable, v1 = _both(bias_gamma=0.01, normalize_expert_weights=1.0, gating="sigmoid")
+    if reordered:
+        portable.block["moe"].name = TransformerBlockType.reordered_norm
+        v1 = dataclasses.replace(v1, block={**v1.block, "moe": portable.block["moe"].to_olmo_core_v1()})
+    block = v1.block["moe"]
+    assert block.name == (TransformerBlockType.moe_reordered_norm if reordered else TransformerBlockType.moe)
+    assert block.feed_forward is None and block.feed_forward_moe.name == "dropless"
+    router = block.feed_forward_moe.router
+    assert (router.top_k, router.bias_gamma, router.normalize_expert_weights, router.gating_function) == (
+        2, 0.01, 1.0, "sigmoid")
+    assert block.feed_forward_moe.shared_mlp.hidden_size == 32 and block.feed_forward_moe.z_loss_weight == 0.001
+    assert v1.num_params == portable.num_params and v1.num_active_params == portable.num_active_params
+    a, b = portable.build(init_device="meta"), v1.build(init_device="meta")
+    assert type(b).__name__ == "MoETransformer"
+    assert sum(p.numel() for p in a.parameters()) == sum(p.numel() for p in b.parameters()) == v1.num_params
+    capacity = tiny_moe_model_config(capacity_factor=1.5, shared_hidden_size=None).block["moe"].to_olmo_core_v1()
+    assert capacity.feed_forward_moe.name == "default" and capacity.feed_forward_moe.capacity_factor == 1.5
+
+
+def test_shared_expert_needs_the_v1_mixing():
+    from olmo_core.exceptions import OLMoConfigurationError
+
+    with pytest.raises(OLMoConfigurationError, match="shared_expert_mixing"):
+        tiny_moe_model_config().block["moe"].to_olmo_core_v1()  # olmx's default mixing: sum
+
+
+@pytest.mark.parametrize("dropless", [True, False])
+def test_state_dict_maps_both_ways_exactly(dropless):
+    portable, v1 = _both(bias_gamma=0.01, capacity_factor=None if dropless else 1.5)
+    a = portable.build(init_device="cpu")
+    a.init_weights(device=torch.device("cpu"))
+    b = v1.build(init_device="cpu")
+    sd = a.state_dict()
+    with torch.no_grad():
+        a.blocks["1"].moe.router.score_bias.normal_()
+    to_v1 = convert_model_state_dict(a.state_dict(), to="olmo_core_v1", **{**MAP, "dropless": dropless})
+    assert any(k.startswith("blocks.1.feed_forward_moe.experts.mlp.") for k in to_v1)
+    b.load_state_dict(to_v1, strict=True)  # every key and shape matches the v1 model
+    back = convert_model_state_dict(b.state_dict(), to="portable", **{**MAP, "dropless": dropless})
+    assert back.keys() == sd.keys()
+    for key, value in a.state_dict().items():
+        assert torch.equal(back[key], value), key
+    # the v1 MoE's router and expert MLPs run on CPU on their own: same expert outputs
+    x, counts = torch.randn(8, 64), torch.tensor([2, 2, 2, 2])
+    v1_experts = b.blocks["1"].feed_forward_moe.experts.mlp
+    expected = v1_experts(x, counts) if dropless else v1_experts(x.view(4, 2, 64)).reshape(8, 64)
+    torch.testing.assert_close(a.blocks["1"].moe.experts(x, counts), expected)
+
+
+def test_backend_choice():
+    cfg = MoEConfig()
+    assert choose_backend(cfg, [], CPU)[0] == "portable"
+    assert choose_backend(cfg, ["hsdp"], GPU) == ("olmo_core", "auto: CUDA (NVIDIA H100)")
+    backend, why = choose_backend(cfg, ["ddp_ep"], GPU)
+    assert backend == "portable" and "v2 stack (OLMoDDPModelConfig)" in why
+    assert choose_backend(MoEConfig(shared_hidden_size=16), ["fsdp"], GPU)[0] == "portable"
+    assert choose_backend(MoEConfig(backend="portable"), [], GPU)[0] == "portable"
+    with pytest.raises(ConfigError, match="ddp_ep with the portable backend"):
+        choose_backend(MoEConfig(backend="olmo_core"), ["ddp_ep"], GPU)
+
+
+def _plan(world: World, parallel: dict, **moe) -> SimpleNamespace:
+    return SimpleNamespace(world=world, mesh={"dp_replicate": 1, "dp_shard": 2}, config={
+        "layers": {"moe": dataclasses.asdict(MoEConfig(num_experts=4, **moe))}, "parallel": parallel,
+        "model": {"hidden_size": 32, "init_std": 0.02}, "trainer": {"seed": 0}})
+
+
+def test_olmo_core_backend_builds_the_v1_model_and_olmo_core_ep():
+    from olmo_core.nn.transformer import TransformerConfig
+    from olmo_core.train.train_module import TransformerExpertParallelConfig
+
+    from olmx_plugins.parallel.hsdp import HSDP, HSDPConfig
+
+    base = TransformerConfig.llama_like(d_model=64, vocab_size=384, n_layers=2, n_heads=4)
+    hsdp = HSDPConfig(expert_parallel=True)
+    plan = _plan(GPU, {"hsdp": dataclasses.asdict(hsdp)}, every=2)
+    cfg = MoEConfig(**plan.config["layers"]["moe"])
+    model_config = MOE.apply_model_config(cfg, base, plan)
+    assert model_config.name == TransformerType.moe and model_config.block_pattern == ["dense", "moe"]
+    assert model_config.block["moe"].feed_forward_moe.num_experts == 4
+    kwargs: dict = {}
+    HSDP.apply_train_module(hsdp, kwargs, plan)
+    assert kwargs["ep_config"] == TransformerExpertParallelConfig(degree=2)
+    portable = _plan(CPU, {"hsdp": dataclasses.asdict(hsdp)}, every=2)
+    assert type(MOE.apply_model_config(cfg, base, portable).block["moe"]).__name__ == "MoEBlockConfig"
+    kwargs = {}
+    HSDP.apply_train_module(hsdp, kwargs, portable)
+    assert "ep_config" not in kwargs
+
+
+def test_plan_shows_the_backend_and_refuses_olmo_core_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    out = CliRunner().invoke(app, ["train", "--dry-run", "layers=[moe]"])
+    assert out.exit_code == 0 and "portable (auto: OLMo-core's MoE needs CUDA" in out.stdout
+    result = CliRunner().invoke(app, ["train", "--dry-run", "layers=[moe]", "layers.moe.backend=olmo_core"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith("error: layers.moe.backend: olmo_core cannot run here: OLMo-core's MoE "
+                                            "needs CUDA (its token permutation is Triton kernels) and this run's "
+                                            "device is cpu (cpu); use layers.moe.backend=portable or auto")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_both_paths_give_the_same_loss_and_gradients_on_gpu():
+    dev = torch.device("cuda")
+    portable, v1 = _both(bias_gamma=0.01)
+    a = portable.build(init_device="cuda")
+    a.init_weights(device=dev)
+    b = v1.build(init_device="cuda")
+    b.load_state_dict(convert_model_state_dict(a.state_dict(), to="olmo_core_v1", **MAP))
+    ids = torch.randint(0, 384, (4, 32), generator=torch.Generator().manual_seed(0)).to(dev)
+    labels = ids.roll(-1, dims=1)
+    labels[:, -1] = -100
+    losses = []
+    for model in (a, b):
+        out = model(ids, labels=labels, loss_reduction="sum", loss_div_factor=(labels != -100).sum())
+        out.loss.backward()
+        losses.append(out.loss.detach())
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
+    grads = convert_model_state_dict({n: p.grad for n, p in b.named_parameters()}, to="portable", **MAP)
+    for name, p in a.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-6, msg=name)
