@@ -1,8 +1,17 @@
-"""Engram benchmark: hashing time per step, and bytes moved per step by sharded tables.
+"""Engram benchmark: step time with and without Engram, hashing time, sharded-table traffic.
 
-Run: ``python benchmarks/engram_bench.py`` (with ``olmx_plugins`` importable). Prints two
-markdown tables.
+Run: ``python benchmarks/engram_bench.py`` (with ``olmx_plugins`` importable; ``--rounds`` sets
+the timed rounds of part 0). Prints three markdown tables.
 
+0. Step time: 2 gloo processes (1 thread each, as ``olmx run`` gives them on 2 cores) build,
+   in the same processes, the default tiny model (``olmx train``), the same backbone with
+   Engram (``experiment=engram_tiny``) and that with ``1d``-sharded tables, each exactly as
+   ``olmx run`` builds it (plan -> ``build_model`` -> DDP, AdamW with olmx's optimizer groups),
+   all from the same seed. Rounds interleave one training step of each (forward + loss +
+   backward + optimizer step on one 8 x 256 micro-batch of stdlib bytes per rank, the default
+   run's micro-batch; no gradient clipping), rotating the order every round; a step's time is
+   the slower rank's. Hashing: the model's own compression + ``NgramHasher.hash_all`` call
+   inside each Engram step, timed in place, as a share of that step.
 1. Hashing: tokenizer compression + ``NgramHasher.hash_all`` for all Engram layers of one
    micro-batch, on this machine's CPU (and on CUDA when present), median of repeated steps.
    Tokens are real text: UTF-8 bytes of Python standard-library sources, byte-level tokenizer.
@@ -27,6 +36,11 @@ from olmx_plugins.layers.engram.compression import TokenizerCompression, byte_le
 from olmx_plugins.layers.engram.hashing import NgramHasher
 from olmx_plugins.layers.engram.sharding import EngramTable
 
+STEP_VARIANTS = {  # label -> olmx overrides; the backbone is the default tiny model in all
+    "tiny": [],
+    "tiny + Engram": ["experiment=engram_tiny"],
+    "tiny + Engram 1d": ["experiment=engram_tiny", "layers.engram.sharding=1d"],
+}
 LAYERS = [1, 15]
 N, K, DIM = 3, 8, 8  # DIM kept small for CPU memory; bytes scale linearly with it
 TABLE_SIZES = [10_000, 100_000, 1_000_000]
@@ -70,6 +84,107 @@ def bench_hashing() -> list[str]:
             rows.append(f"| {device} | {batch} x {seq} | {batch * seq} | {len(LAYERS)} | "
                         f"{ms:.2f} | {cpu_ms:.2f} | {batch * seq / ms / 1e3:.2f} |")
     return rows
+
+
+class _TimedInputs:
+    """Wraps a model's ``engram_inputs`` (compression + hashing) and records its wall time."""
+
+    def __init__(self, inputs):
+        self.inputs, self.seconds = inputs, 0.0
+
+    def __call__(self, input_ids: torch.Tensor):
+        t0 = time.perf_counter()
+        out = self.inputs(input_ids)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def _build_variant(overrides: list[str]):
+    """Model (DDP over all ranks) and optimizer of an olmx run, built as ``olmx run`` does."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from olmx.build.model import build_model
+    from olmx.build.train import train_module_kwargs
+    from olmx.config.compose import compose, to_object
+    from olmx.plan.resolve import resolve
+    from olmx.registry import registry
+
+    reg = registry()
+    run = to_object(compose(overrides, reg), reg)
+    plan = resolve(run, reg)
+    model = build_model(plan, run, reg)
+    torch.manual_seed(run.trainer.seed)
+    model.init_weights(device=torch.device("cpu"), max_seq_len=plan.batch.seq_len)
+    model.apply_ddp(dp_mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    optim = train_module_kwargs(plan, run, reg)["optim"].build(model)
+    if hasattr(model, "engram_inputs"):
+        model.engram_inputs = _TimedInputs(model.engram_inputs)
+    return model, optim, plan.batch.seq_len
+
+
+def _train_step(model, optim, ids: torch.Tensor) -> tuple[float, float]:
+    """One step; (wall seconds of the slower rank, this rank's hashing seconds within it)."""
+    import torch.nn.functional as F
+
+    timed = getattr(model, "engram_inputs", None)
+    if timed is not None:
+        timed.seconds = 0.0
+    dist.barrier()
+    t0 = time.perf_counter()
+    logits = model(ids[:, :-1])
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).backward()
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    wall = torch.tensor([time.perf_counter() - t0])
+    dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+    return float(wall), timed.seconds if timed is not None else 0.0
+
+
+def _step_time_worker(results_path: str, rounds: int, warmup: int):
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    variants = {label: _build_variant(o) for label, o in STEP_VARIANTS.items()}
+    seq = next(iter(variants.values()))[2]
+    text = corpus_ids(world * rounds * 8 * (seq + 1)).view(rounds, world, 8, seq + 1)
+    labels = list(variants)
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    hashing: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(warmup + rounds):
+        ids = text[r % rounds, rank]
+        for label in labels[r % len(labels):] + labels[: r % len(labels)]:
+            model, optim, _ = variants[label]
+            wall, hash_s = _train_step(model, optim, ids)
+            if r >= warmup:
+                times[label].append(wall)
+                hashing[label].append(hash_s)
+    if rank == 0:
+        base = statistics.median(times[labels[0]])
+        lines = []
+        for label in labels:
+            step = statistics.median(times[label])
+            h = statistics.median(hashing[label])
+            lines.append(f"| {label} | {len(times[label])} | {step * 1e3:.1f} | "
+                         f"{statistics.quantiles(times[label], n=4)[0] * 1e3:.1f} - "
+                         f"{statistics.quantiles(times[label], n=4)[2] * 1e3:.1f} | "
+                         f"{step / base:.2f} | "
+                         + (f"{h * 1e3:.2f} | {h / step:.1%} |" if h else "- | - |"))
+        pathlib.Path(results_path).write_text("\n".join(lines))
+
+
+def bench_step_time(rounds: int, warmup: int = 3) -> list[str]:
+    import tempfile
+
+    from olmo_core.testing import run_distributed_test
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/steps.txt"
+        run_distributed_test(_step_time_worker, world_size=2, backend="gloo", start_method="spawn",
+                             func_args=(out, rounds, warmup))
+        lines = pathlib.Path(out).read_text().splitlines()
+    header = ["| model | timed steps | median ms / step | interquartile ms | ratio to tiny | "
+              "hashing ms / step | hashing share of step |",
+              "|---|---|---|---|---|---|---|"]
+    return header + lines
 
 
 def _traffic_worker(results_path: str):
@@ -135,14 +250,22 @@ def machine() -> str:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40, help="timed rounds of the step-time part")
+    args = parser.parse_args()
     # Run everything first: the worker processes print OLMo-core setup lines.
+    steps = bench_step_time(args.rounds)
     hashing = bench_hashing()
     traffic = bench_traffic()
     print(f"\n# Engram benchmark (torch {torch.__version__}, python {sys.version.split()[0]})\n")
     print(f"Machine: {machine()}.\n")
     print(f"Config: layers {LAYERS}, N={N}, K={K}, row width {DIM} (fp32), "
           f"micro-batch {BATCH} x {SEQ} per rank for the traffic table.\n")
-    print("## Hashing (compression + all layers) per step\n")
+    print("## Step time of the tiny model with and without Engram, 2 gloo processes, interleaved\n")
+    print("\n".join(steps))
+    print("\n## Hashing (compression + all layers) per step\n")
     print("\n".join(hashing))
     print("\n## Bytes moved per step, one Engram layer, 2 gloo processes\n")
     print("\n".join(traffic))

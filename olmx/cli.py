@@ -85,7 +85,7 @@ def train(
     finally:
         infra_cfg = plan.config["infra"]
         # Not for a detached job (it has not run yet), and once per run: by node 0's launcher.
-        if not infra_cfg.get("detach", False) and not infra_cfg.get("node_rank", 0):
+        if run.trainer.report and not infra_cfg.get("detach", False) and not infra_cfg.get("node_rank", 0):
             end_of_run_report(plan.run_dir)
     if rc:
         raise typer.Exit(rc)

@@ -20,6 +20,12 @@ Optional hooks, called when a plugin has them (``cfg`` is the plugin's ``Config`
   OLMo-core's ``TransformerTrainModuleConfig``; called for parallel, then precision, then layers.
 * ``apply_model(cfg, model, plan)`` (precision, parallel): edit the built model in place after
   the layers did (float8 conversion; expert parallelism placing experts).
+* ``order: int`` (layers): where the plugin edits the model among the run's layer plugins,
+  lowest first (default :data:`DEFAULT_LAYER_ORDER`; ties keep the listed order). Plugins that
+  replace parts of a block (``moe``: 10) go before those that extend whatever block is there
+  (``engram``: 50), so the order a user lists them in does not matter.
+* ``linear_layers(cfg, run, layers) -> layers`` (layers): edit the torch-free list of the
+  model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) that precision plugins plan with.
 * ``dp_mesh(cfg, dp_ranks, world) -> dict[str, int]`` (the data-parallel strategy): how its
   ranks split into mesh dimensions (``{"dp_replicate": 2, "dp_shard": 4}``).
 * ``commands() -> typer.Typer`` (infra): the ``olmx provision <name> ...`` sub-commands,
@@ -48,6 +54,9 @@ GROUPS: dict[str, str] = {
     "precision": "olmx.precision",
     "infra": "olmx.infra",
 }
+
+#: ``order`` of a layer plugin that does not set one (see the module docstring).
+DEFAULT_LAYER_ORDER = 50
 
 #: Plugin kind -> Hydra config group holding its options.
 CONFIG_GROUPS: dict[str, str] = {

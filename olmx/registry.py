@@ -209,6 +209,15 @@ class Registry:
             raise PluginError(f"{kind} plugin '{name}' ({entry.dist}) is {entry.status}: {entry.reason}")
         return self._loaded[key]
 
+    def layers_in_order(self, layers: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        """``(name, plugin, cfg)`` of the run's layer plugins in the order they edit the model:
+        by the plugin's ``order`` (default :data:`olmx.protocols.DEFAULT_LAYER_ORDER`), then as
+        listed. So ``layers=[engram,moe]`` builds the same model as ``layers=[moe,engram]``."""
+        from olmx.protocols import DEFAULT_LAYER_ORDER
+
+        plugins = [(name, self.get("layer", name), cfg) for name, cfg in layers.items()]
+        return sorted(plugins, key=lambda item: getattr(item[1], "order", DEFAULT_LAYER_ORDER))
+
     def load_all(self, kind: str | None = None) -> dict[tuple[str, str], Any]:
         """Load every usable plugin (of one kind); failures become broken entries."""
         for entry in self.entries(kind):

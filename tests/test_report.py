@@ -23,13 +23,15 @@ pytestmark = pytest.mark.dist
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     env = {"OLMX_CACHE_DIR": str(root / "cache")}
-    finished = olmx_cli("train", *SMALL, f"trainer.run_dir={root / 'finished'}", "trainer.max_steps=6",
+    finished = olmx_cli("train", *SMALL, "trainer.report=true", f"trainer.run_dir={root / 'finished'}",
+                        "trainer.max_steps=6",
                         "infra.nproc_per_node=1", "parallel=[]", env=env)
     assert finished.returncode == 0, finished.stderr
     # olmx train writes the report when the run ends, and says where.
     assert f"report: {root / 'finished' / 'report'} (again any time: olmx report" in " ".join(finished.stdout.split())
     assert {p.name for p in (root / "finished" / "report").iterdir()} == {f"{n}.png" for n in PLOTS} | {"summary.txt"}
-    crashed = olmx_cli("train", *SMALL, f"trainer.run_dir={root / 'crashed'}", "trainer.max_steps=6",
+    crashed = olmx_cli("train", *SMALL, "trainer.report=true", f"trainer.run_dir={root / 'crashed'}",
+                       "trainer.max_steps=6",
                        "infra.max_restarts=0", env={**env, "OLMX_FAULTS": "kill@3:1"})
     for p in (root / "finished" / "report", root / "crashed" / "report"):
         shutil.rmtree(p)  # the tests below check what olmx report writes

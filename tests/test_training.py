@@ -15,7 +15,8 @@ from tests.conftest import olmx_cli
 pytestmark = pytest.mark.dist
 
 #: A small, fast run: 2-layer d_model 64 model, 8 x 64-token sequences per step.
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.hidden_size=256", "data.seq_len=64",
+#: (No end-of-run report: its plots take ~2 s of CPU per run; tests/test_report.py checks it.)
+SMALL = ["trainer.report=false", "model.d_model=64", "model.n_layers=2", "model.hidden_size=256", "data.seq_len=64",
          "trainer.global_batch_size=8", "trainer.micro_batch_size=4", "trainer.warmup_steps=2", "trainer.lr=3e-3"]
 
 
@@ -52,6 +53,7 @@ def test_one_and_two_processes_give_the_same_loss_curve(tmp_path, cache):
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     assert [p["rank"] for p in sorted(summary["processes"], key=lambda p: p["rank"])] == [0, 1]
     assert all(p["tokens_per_s"] > 0 and p["peak_mem_mib"] > 0 for p in summary["processes"])
+    assert not (tmp_path / "ddp" / "report").exists()  # trainer.report=false
 
 
 def test_resume_continues_exactly_where_it_stopped(tmp_path, cache):

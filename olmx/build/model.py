@@ -58,11 +58,12 @@ def build_model(plan: Plan, run: Any, reg: Any) -> Any:
     must see the layers' modules too), before any parallelism is applied: where OLMo-core's
     ``parallelize_model`` applies ``float8_config``."""
     config = build_model_config(run.model, vocab_size=plan.vocab_size, device=plan.world.device)
-    for name, cfg in run.layers.items():
-        config = reg.get("layer", name).apply_model_config(cfg, config, plan)
+    layers = reg.layers_in_order(run.layers)
+    for _, layer, cfg in layers:
+        config = layer.apply_model_config(cfg, config, plan)
     model = config.build(init_device="meta")
-    for name, cfg in run.layers.items():
-        reg.get("layer", name).apply_model(cfg, model, plan)
+    for _, layer, cfg in layers:
+        layer.apply_model(cfg, model, plan)
     precision = run.precision_name
     apply = getattr(reg.get("precision", precision), "apply_model", None)
     if apply is not None:

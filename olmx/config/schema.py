@@ -134,6 +134,9 @@ class TrainerConfig:
     #: last good parameters and stops (``olmx train`` exits with 76); ``skip`` skips that
     #: optimizer step, counts it in the summary and trains on.
     on_nonfinite: str = "stop"
+    #: When ``olmx train`` ends (finished, stopped or failed), write the run's report
+    #: (``RUN_DIR/report/``: summary table and plots, as ``olmx report RUN_DIR``) and say where.
+    report: bool = True
 
 
 @dataclass

@@ -3,7 +3,7 @@
 :func:`dense_linears` lists the layers of the OLMo-core llama-like transformer that
 :class:`olmx.config.schema.ModelConfig` builds (a test compares it with the built model).
 Layer plugins that replace or add modules edit the list through their optional hook
-``linear_layers(cfg, run, layers) -> layers`` (called in ``layers`` order), so that what a
+``linear_layers(cfg, run, layers) -> layers`` (in the order they edit the model), so that what a
 precision plugin plans to convert (MXFP8) is what the worker converts in the built model.
 """
 
@@ -41,8 +41,8 @@ def model_linears(run: Any, vocab_size: int) -> list[LinearLayer]:
     from olmx.registry import registry
 
     layers = dense_linears(run.model, vocab_size)
-    for name, cfg in run.layers.items():
-        edit = getattr(registry().get("layer", name), "linear_layers", None)
+    for _, plugin, cfg in registry().layers_in_order(run.layers):
+        edit = getattr(plugin, "linear_layers", None)
         if edit is not None:
             layers = edit(cfg, run, layers)
     return layers

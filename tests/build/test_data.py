@@ -45,7 +45,7 @@ def test_numpy_token_files_train(tmp_path):
                     "data.tokenizer.vocab_size=500", "data.tokenizer.eos_id=499", "data.tokenizer.pad_id=498",
                     "model.d_model=64", "model.n_layers=1", "model.hidden_size=128", "infra.nproc_per_node=1",
                     "parallel=[]", "trainer.global_batch_size=4", "trainer.micro_batch_size=4",
-                    "trainer.max_steps=15", "trainer.warmup_steps=2", f"trainer.run_dir={run}")
+                    "trainer.max_steps=15", "trainer.warmup_steps=2", "trainer.report=false", f"trainer.run_dir={run}")
     assert proc.returncode == 0, proc.stderr
     assert "512 (padded)" in proc.stdout
     losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -10,7 +10,8 @@ module's class) whose ``_prepare_inputs`` compresses and hashes ``input_ids`` on
 ``LongTensor[B, T, (N-1)*K]``) for each Engram layer ``l``. No global state: activation
 checkpointing and recomputation receive the same ids as the forward.
 
-An Engram block (:class:`EngramBlockConfig`) is any OLMo-core dense or MoE block plus an
+An Engram block (:class:`EngramBlockConfig`) is any OLMo-core dense or MoE block, or any
+other block config given as its ``base`` (e.g. olmx's portable MoE block), plus an
 :class:`~.module.Engram` at ``block.engram``, run on the block input and added to the
 residual before attention: ``x = x + engram(x, engram_hash_ids)``, then the base block.
 
@@ -67,6 +68,7 @@ __all__ = [
     "EngramMoETransformer",
     "EngramTransformer",
     "apply_engram_inputs",
+    "engram_block_class",
 ]
 
 ENGRAM_HASH_IDS_KWARG = "engram_hash_ids"
@@ -193,6 +195,18 @@ class EngramBlockConfig(TransformerBlockConfig):
 
     engram: EngramConfig | None = None
     """The Engram hyperparameters (required)."""
+    base: TransformerBlockConfig | None = None
+    """The block Engram extends, of any block config class (e.g. olmx's portable MoE block);
+    None: the OLMo-core block described by this config's own inherited fields."""
+
+    @classmethod
+    def extending(cls, base: TransformerBlockConfig, *, engram: EngramConfig) -> "EngramBlockConfig":
+        """``base`` with Engram before its attention. A plain OLMo-core block is copied into
+        this config's own fields (dotted overrides reach them); another class is kept as
+        ``base`` and built as it is."""
+        inherited = {f.name: getattr(base, f.name) for f in fields(TransformerBlockConfig)}
+        keep = type(base) is not TransformerBlockConfig
+        return cls(**inherited, engram=engram, base=base if keep else None)
 
     def _engram(self) -> EngramConfig:
         if self.engram is None:
@@ -200,6 +214,8 @@ class EngramBlockConfig(TransformerBlockConfig):
         return self.engram
 
     def _base_config(self) -> TransformerBlockConfig:
+        if self.base is not None:
+            return self.base
         return TransformerBlockConfig(
             **{f.name: getattr(self, f.name) for f in fields(TransformerBlockConfig)}
         )
@@ -222,12 +238,7 @@ class EngramBlockConfig(TransformerBlockConfig):
             init_device=init_device,
             cache=cache,
         )
-        engram_cls = _ENGRAM_BLOCK_CLASSES.get(type(block))
-        if engram_cls is None:
-            raise OLMoConfigurationError(
-                f"Engram does not support block type '{self.name}' ({type(block).__name__})"
-            )
-        block.__class__ = engram_cls
+        block.__class__ = engram_block_class(type(block))
         block.engram = engram.build(d_model=d_model, layer_id=block_idx, init_device=init_device)
         return block
 
@@ -339,6 +350,24 @@ _ENGRAM_BLOCK_CLASSES: dict[type, type] = {
     MoETransformerBlock: EngramMoETransformerBlock,
     MoEReorderedNormTransformerBlock: EngramMoEReorderedNormTransformerBlock,
 }
+
+
+def engram_block_class(block_cls: type) -> type:
+    """The Engram subclass of a block class (``EngramBlockMixin`` first), made once per class.
+
+    OLMo-core's blocks have named ones above; any other ``TransformerBlockBase`` subclass (a
+    plugin's block, e.g. the portable MoE block) gets ``Engram<Name>``, as FSDP2 derives its
+    ``FSDP<Name>`` classes. Its ``forward`` must take ``(x, **kwargs)``.
+    """
+    if block_cls in _ENGRAM_BLOCK_CLASSES.values():
+        return block_cls
+    if block_cls not in _ENGRAM_BLOCK_CLASSES:
+        if not issubclass(block_cls, TransformerBlockBase):
+            raise OLMoConfigurationError(f"Engram needs a transformer block, got {block_cls.__name__}")
+        _ENGRAM_BLOCK_CLASSES[block_cls] = type(
+            f"Engram{block_cls.__name__}", (EngramBlockMixin, block_cls),
+            {"__doc__": f"``{block_cls.__name__}`` with Engram.", "__module__": __name__})
+    return _ENGRAM_BLOCK_CLASSES[block_cls]
 
 
 class EngramInputs:

@@ -75,6 +75,8 @@ class EngramLayer:
     description = __doc__.splitlines()[0]
     api = ">=1.0,<2"
     Config = EngramLayerConfig
+    #: Extends whatever block is there: after plugins that replace blocks (moe, order 10).
+    order = 50
 
     def resolve(self, cfg: EngramLayerConfig, run: Any, world: World) -> Contribution:
         """Check the settings; table sizes, parameters and lookup traffic for the plan."""
@@ -146,23 +148,40 @@ class EngramLayer:
             shard_degree=cfg.shard_degree,
         )
 
-    def apply_model_config(self, cfg: EngramLayerConfig, model_config: Any, plan: Any) -> Any:
-        """Named blocks ``dense`` / ``engram`` with an exact per-layer pattern."""
-        from dataclasses import fields, replace
+    def linear_layers(self, cfg: EngramLayerConfig, run: Any, layers: list[Any]) -> list[Any]:
+        """The model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) plus each Engram
+        block's key and value projections (from the concatenated lookups to ``d_model``)."""
+        from olmx.plan.linears import LinearLayer
 
-        from olmo_core.nn.transformer.config import TransformerBlockConfig
+        width = (cfg.max_ngram_size - 1) * cfg.n_embed_per_ngram
+        return layers + [LinearLayer(f"blocks.{i}.engram.{w}", width, run.model.d_model)
+                         for i in layer_ids(cfg, run.model.n_layers) for w in ("key_proj", "value_proj")]
+
+    def apply_model_config(self, cfg: EngramLayerConfig, model_config: Any, plan: Any) -> Any:
+        """Extend the block of every Engram index, whatever its kind (another layer plugin's
+        too, e.g. the portable MoE block): named blocks (``engram`` for ``dense``,
+        ``engram_<name>`` for the others) with an exact per-layer ``block_pattern``, or, where
+        the blocks are placed by ``block_overrides``, overrides."""
+        from dataclasses import replace
 
         from olmx_plugins.layers.engram.block import EngramBlockConfig
 
-        if isinstance(model_config.block, dict):
-            raise ConfigError("layers.engram", "another layer plugin already replaced the blocks; "
-                              "combining it with engram is not supported yet")
-        base = model_config.block
         ecfg = self.engram_config(cfg, plan)
-        engram = EngramBlockConfig(**{f.name: getattr(base, f.name) for f in fields(TransformerBlockConfig)},
-                                   engram=ecfg)
-        pattern = ["engram" if i in ecfg.layer_ids else "dense" for i in range(model_config.n_layers)]
-        return replace(model_config, block={"dense": base, "engram": engram}, block_pattern=pattern)
+        if model_config.block_overrides:  # OLMo-core allows them only with a single block
+            overrides = dict(model_config.block_overrides)
+            for i in ecfg.layer_ids:
+                overrides[i] = EngramBlockConfig.extending(overrides.get(i, model_config.block), engram=ecfg)
+            return replace(model_config, block_overrides=overrides)
+        named = isinstance(model_config.block, dict)
+        blocks = dict(model_config.block) if named else {"dense": model_config.block}
+        cycle = model_config.block_pattern if named else ["dense"]
+        pattern = [cycle[i % len(cycle)] for i in range(model_config.n_layers)]
+        for i in ecfg.layer_ids:
+            name = "engram" if pattern[i] == "dense" else f"engram_{pattern[i]}"
+            if name not in blocks:
+                blocks[name] = EngramBlockConfig.extending(blocks[pattern[i]], engram=ecfg)
+            pattern[i] = name
+        return replace(model_config, block=blocks, block_pattern=pattern)
 
     def apply_model(self, cfg: EngramLayerConfig, model: Any, plan: Any) -> None:
         """Hash once per batch for all Engram blocks (before any parallel wrapper)."""

@@ -121,6 +121,8 @@ class MoELayer:
     description = __doc__.splitlines()[0]
     api = ">=1.0,<2"
     Config = MoEConfig
+    #: Replaces the feed-forward of whole blocks: before plugins that extend blocks (engram).
+    order = 10
 
     def resolve(self, cfg: MoEConfig, run: Any, world: World) -> Contribution:
         """Check the settings; count total and active parameters of the MoE blocks."""

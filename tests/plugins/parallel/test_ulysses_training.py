@@ -16,7 +16,7 @@ from tests.conftest import olmx_cli
 
 pytestmark = pytest.mark.dist
 
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.hidden_size=256", "model.n_kv_heads=1",
+SMALL = ["trainer.report=false", "model.d_model=64", "model.n_layers=2", "model.hidden_size=256", "model.n_kv_heads=1",
          "model.sliding_window=[16]", "data.seq_len=64", "trainer.global_batch_size=8", "trainer.warmup_steps=2",
          "trainer.lr=3e-3", "trainer.max_steps=6", "trainer.save_interval=100"]
 

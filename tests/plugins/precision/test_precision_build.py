@@ -3,11 +3,13 @@ built OLMo-core models on both paths (emulated torchao, and OLMo-core's SM100 Fl
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
 from olmx.config.schema import ModelConfig
-from olmx_plugins.precision.mxfp8 import MXFP8Config, keep_reason, model_linears
+from olmx.plan.linears import dense_linears
+from olmx_plugins.precision.mxfp8 import MXFP8Config, keep_reason
 
 VOCAB = 384
 
@@ -25,8 +27,36 @@ def linears(module: nn.Module) -> list[tuple[str, int, int]]:
 def test_torch_free_layer_list_is_the_built_models():
     for cfg in (ModelConfig(d_model=64, n_layers=2, n_heads=4, hidden_size=96),
                 ModelConfig(d_model=96, n_layers=3, n_heads=6, n_kv_heads=2, hidden_size=256)):
-        planned = [(layer.name, layer.in_features, layer.out_features) for layer in model_linears(cfg, VOCAB)]
+        planned = [(layer.name, layer.in_features, layer.out_features) for layer in dense_linears(cfg, VOCAB)]
         assert sorted(planned) == sorted(linears(build(cfg)))
+
+
+@pytest.mark.parametrize("layers", [
+    ["layers=[moe]", "layers.moe.every=2", "layers.moe.shared_hidden_size=64"],
+    ["layers=[engram]"],
+])
+def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_layer_plugins(layers):
+    """Layer plugins edit the torch-free list (``linear_layers``): MoE blocks lose the dense
+    feed-forward and bring shared experts, Engram brings its projections (kept)."""
+    from olmx.build.model import build_model
+    from olmx.config.compose import compose, to_object
+    from olmx.plan.linears import model_linears
+    from olmx.plan.resolve import resolve
+    from olmx.registry import registry
+    from olmx_plugins.precision.mx import split_linears
+
+    reg = registry()
+    common = ["infra.nproc_per_node=1", "parallel=[]", *layers]
+    run = to_object(compose([*common, "precision=mxfp8", "precision.mxfp8.emulate=true"], reg), reg)
+    plan = resolve(run, reg)
+    dense_run = to_object(compose(common, reg), reg)  # the same model, before any conversion
+    model = build_model(resolve(dense_run, reg), dense_run, reg)
+    planned = model_linears(run, plan.vocab_size)
+    built = [(n, m.in_features, m.out_features, type(m) is not nn.Linear)
+             for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert sorted((x.name, x.in_features, x.out_features, x.subclass) for x in planned) == sorted(built)
+    convert, _ = split_linears(model, run.precision["mxfp8"])
+    assert dict(plan.sections["precision.mxfp8"])["MXFP8 linear layers"].startswith(f"{len(convert)}: ")
 
 
 def test_emulated_conversion_follows_the_plan_rule_and_keeps_parameter_names():
@@ -38,7 +68,7 @@ def test_emulated_conversion_follows_the_plan_rule_and_keeps_parameter_names():
     model = build(cfg)
     names = [n for n, _ in model.named_parameters()]
     done = apply_mxfp8(model, MXFP8Config(), emulate=True)
-    planned = [layer.name for layer in model_linears(cfg, VOCAB)
+    planned = [layer.name for layer in dense_linears(cfg, VOCAB)
                if keep_reason(layer.name, layer.in_features, layer.out_features) is None]
     assert done == sorted(planned) and len(done) == 10  # q, o, w1, w2, w3 per block; k/v are 64 -> 16
     assert not isinstance(model.get_submodule("blocks.0.attention.w_k"), MXLinear)

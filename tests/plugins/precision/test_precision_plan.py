@@ -120,17 +120,6 @@ def test_mxfp8_exclude_patterns_keep_layers():
         "precision.mxfp8.exclude matches 'blocks.0.*'")
 
 
-def test_mxfp8_names_the_layer_plugins_rule():
-    from olmx_plugins.precision.mxfp8 import MXFP8
-
-    reg = registry()
-    run = to_object(compose(["precision=mxfp8", "parallel=[fsdp]"], reg), reg)
-    run.layers = {"my_layer": None}  # any layer plugin: the plan cannot see its modules
-    rows = dict(MXFP8.resolve(run.precision["mxfp8"], run, B200).rows)
-    assert rows["MXFP8 linear layers (dense model; see layer plugins)"].startswith("28: ")
-    assert rows["layer plugins"].startswith("my_layer may replace or add modules; the same rule is applied to the")
-
-
 def test_mxfp8_refuses_d_model_not_divisible_by_32():
     err = refusal("mxfp8", B200, "parallel=[fsdp]", "model.d_model=48", "model.n_heads=4")
     assert err.field == "model.d_model"

@@ -1,8 +1,11 @@
-"""The engram layer plugin through the real CLI: plan, refusals, distributed equality."""
+"""The engram layer plugin through the real CLI: plan, refusals, distributed equality, and the
+checkpoint round trip of sharded tables (same and different world size)."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,7 +15,7 @@ from tests.conftest import olmx_cli
 
 TINY = ["layers=[engram]", "layers.engram.n_embed_per_ngram=64", "model.d_model=64", "model.n_layers=2",
         "model.hidden_size=128", "data.seq_len=64", "trainer.global_batch_size=8", "trainer.micro_batch_size=4",
-        "trainer.max_steps=6", "trainer.warmup_steps=2", "trainer.save_interval=100"]
+        "trainer.max_steps=6", "trainer.warmup_steps=2", "trainer.save_interval=100", "trainer.report=false"]
 
 
 def dry_run(tmp_path, monkeypatch, *args):
@@ -57,17 +60,120 @@ def test_experiments_resolve(tmp_path, monkeypatch):
     assert "dp_replicate=1 x dp_shard=4" in out.stdout and "bfloat16" in out.stdout
 
 
-@pytest.mark.dist
-def test_sharded_and_distributed_runs_equal_the_single_process_run(tmp_path):
-    def run(name: str, *extra: str) -> list[float]:
-        d = tmp_path / name
-        proc = olmx_cli("train", *TINY, f"trainer.run_dir={d}", *extra)
-        assert proc.returncode == 0, proc.stderr
-        return [json.loads(line)["loss"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+#: The 2-process run with 1d-sharded tables: 6 steps, checkpoints at steps 3 and 6.
+SHARDED_1D = ["parallel=[ddp]", "layers.engram.sharding=1d", "trainer.save_interval=3"]
+TABLE_KEY = "model.blocks.1.engram.table.weight"
 
-    single = run("single", "infra.nproc_per_node=1", "parallel=[]")
-    ddp = run("ddp", "parallel=[ddp]")
-    sharded = run("ddp_1d", "parallel=[ddp]", "layers.engram.sharding=1d")
+
+def losses(run_dir: Path) -> list[float]:
+    """The loss of every step recorded in ``run_dir``."""
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(run_dir: Path, *extra: str) -> list[float]:
+    """Run the tiny Engram model in ``run_dir`` (resuming from its checkpoints); its losses."""
+    proc = olmx_cli("train", *TINY, f"trainer.run_dir={run_dir}", *extra)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    return losses(run_dir)
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory) -> Path:
+    """Run dir of the uninterrupted ``SHARDED_1D`` run, shared by the tests of this module."""
+    run_dir = tmp_path_factory.mktemp("engram") / "ddp_1d"
+    train(run_dir, *SHARDED_1D)
+    return run_dir
+
+
+def checkpoint(path: Path) -> tuple[dict, object]:
+    """Every model and optimizer entry of an OLMo-core checkpoint, unsharded, and its metadata."""
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_keys
+
+    metadata = get_checkpoint_metadata(str(path / "model_and_optim"))
+    keys = sorted(metadata.state_dict_metadata)
+    return dict(zip(keys, load_keys(str(path / "model_and_optim"), keys))), metadata
+
+
+def assert_states_equal(a: dict, b: dict, **tolerance) -> None:
+    """Same keys; tensors equal within ``tolerance`` (``torch.testing.assert_close``)."""
+    import torch
+
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(value, b[key], **tolerance, msg=lambda m: f"{key}: {m}")
+        else:
+            assert value == b[key], key
+
+
+@pytest.mark.dist
+def test_sharded_and_distributed_runs_equal_the_single_process_run(tmp_path, sharded_run):
+    single = train(tmp_path / "single", "infra.nproc_per_node=1", "parallel=[]")
+    ddp = train(tmp_path / "ddp", "parallel=[ddp]")
+    sharded = losses(sharded_run)
     assert len(single) == 6 and single[-1] < single[0] - 0.3
     assert ddp == pytest.approx(single, rel=2e-5)
     assert sharded == pytest.approx(single, rel=2e-5)
+
+
+@pytest.mark.dist
+def test_sharded_checkpoint_resumes_exactly_and_onto_one_process(tmp_path, sharded_run):
+    """Fresh processes resumed from the step-3 checkpoint of the uninterrupted 1d run (what a
+    stopped run resumes from; ``tests/test_training.py`` covers the stop itself)."""
+    from olmx_plugins.layers.engram.sharding import shard_row_range
+
+    whole_losses = losses(sharded_run)
+    whole, _ = checkpoint(sharded_run / "checkpoints" / "step6")
+    step3 = sharded_run / "checkpoints" / "step3"
+
+    # The sharded table was saved as whole rows: one chunk per rank, together exactly the table.
+    saved, metadata = checkpoint(step3)
+    rows, dim = saved[TABLE_KEY].shape
+    chunks = metadata.state_dict_metadata[TABLE_KEY].chunks
+    tiles = sorted((c.offsets[0], c.offsets[0] + c.sizes[0]) for c in chunks)
+    assert tiles == [shard_row_range(rows, 2, i) for i in range(2)]
+    assert all(c.offsets[1] == 0 and c.sizes[1] == dim for c in chunks)
+
+    # Resumed on 2 processes: bitwise the uninterrupted run (losses and final state).
+    same, one = tmp_path / "same", tmp_path / "one"
+    for run_dir in (same, one):
+        shutil.copytree(step3, run_dir / "checkpoints" / "step3")
+    assert train(same, *SHARDED_1D) == whole_losses[3:]
+    assert_states_equal(checkpoint(same / "checkpoints" / "step6")[0], whole, rtol=0, atol=0)
+
+    # Resumed on 1 process with a replicated table: the DTensor rows load into a plain tensor;
+    # equal to the 2-process run up to the reduction order (as 1 vs 2 processes without resume).
+    resumed = train(one, "infra.nproc_per_node=1", "parallel=[]", "layers.engram.sharding=replicated")
+    assert resumed == pytest.approx(whole_losses[3:], rel=2e-5)
+    assert_states_equal(checkpoint(one / "checkpoints" / "step6")[0], whole, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("listed", ["layers=[moe,engram]", "layers=[engram,moe]"])
+@pytest.mark.parametrize("placement", ["layers.moe.every=2", "layers.moe.blocks=[1]"])
+def test_engram_extends_the_blocks_another_layer_plugin_placed(placement, listed):
+    """MoE and Engram, listed either way (moe's ``order`` places it first): Engram goes before
+    the attention of the portable MoE block (and of the dense block next to it), placed by
+    named blocks or by block overrides; both train."""
+    import torch
+
+    from olmx.build.model import build_model
+    from olmx.config.compose import compose, to_object
+    from olmx.plan.resolve import resolve
+    from olmx.registry import registry
+    from olmx_plugins.layers.engram.block import EngramTransformerBlock
+    from olmx_plugins.layers.moe.block import MoEBlock
+
+    reg = registry()
+    run = to_object(compose([listed, placement, "layers.moe.num_experts=4",
+                             "layers.engram.layer_ids=[0,1]", *TINY[1:]], reg), reg)
+    plan = resolve(run, reg)
+    model = build_model(plan, run, reg)
+    model.init_weights(device=torch.device("cpu"))
+    dense, moe = model.blocks["0"], model.blocks["1"]
+    assert type(dense) is EngramTransformerBlock
+    assert isinstance(moe, MoEBlock) and type(moe).__name__ == "EngramMoEBlock"
+    ids = torch.randint(0, 256, (2, 16))
+    model(ids).sum().backward()
+    for block in (dense, moe):
+        assert block.engram.table.weight.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in moe.moe.parameters() if p.requires_grad)

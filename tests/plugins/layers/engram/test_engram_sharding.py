@@ -1,8 +1,9 @@
 """Sharded Engram tables on real gloo processes, against a replicated single-process reference.
 
 A single launch of 4 processes (spawning processes that import OLMo-core is the slow part):
-tables sharded over all 4 ranks and over 2-rank sub-meshes, then one training step of a tiny
-model under DDP and FSDP.
+tables sharded over all 4 ranks and over 2-rank sub-meshes, a distributed checkpoint resharded
+between layouts (2d -> 1d on 4 ranks, then onto one replicated process), then one training step
+of a tiny model under DDP and FSDP.
 """
 
 import math
@@ -109,6 +110,37 @@ def _tables_equal_replicated():
         _check_table("2d", mesh[REPLICATE_DIM, SHARD_DIM])
 
 
+def _table_and_optim(sharding: str, mesh: DeviceMesh | None, seed: int):
+    module = torch.nn.ModuleDict(
+        {"t": EngramTable(table_sizes=SIZES, dim=DIM, sharding=sharding, mesh=mesh, init_seed=seed)})
+    return module, torch.optim.AdamW(module.parameters(), lr=0.1, foreach=False)
+
+
+def _checkpoint_across_layouts(ckpt: str):
+    """Save a ``2d`` table and its Adam state (as the trainer does: OLMo-core's distributed
+    checkpoint, flattened optimizer state), load them into a ``1d`` table with other values."""
+    from olmo_core.distributed.checkpoint import (
+        load_model_and_optim_state,
+        save_model_and_optim_state,
+    )
+
+    module, opt = _table_and_optim("2d", table_mesh("2d", shard_degree=2), seed=5)
+    ids, upstream = _rank_data(dist.get_rank())
+    (module["t"](ids) * upstream).sum().backward()
+    opt.step()
+    save_model_and_optim_state(ckpt, module, opt, flatten_optimizer_state=True)
+    saved = {"weight": module["t"].weight.full_tensor(),
+             "exp_avg": opt.state[module["t"].weight]["exp_avg"].full_tensor()}
+    if dist.get_rank() == 0:
+        torch.save(saved, f"{ckpt}/full.pt")
+
+    other, other_opt = _table_and_optim("1d", table_mesh("1d"), seed=9)
+    assert not torch.equal(other["t"].weight.full_tensor(), saved["weight"])
+    load_model_and_optim_state(ckpt, other, other_opt, flatten_optimizer_state=True)
+    assert torch.equal(other["t"].weight.full_tensor(), saved["weight"])
+    assert torch.equal(other_opt.state[other["t"].weight]["exp_avg"].full_tensor(), saved["exp_avg"])
+
+
 def _model_step(dp: str):
     from olmo_core.nn.attention import AttentionBackendName
     from olmo_core.nn.transformer import TransformerConfig
@@ -202,15 +234,32 @@ def _model_step(dp: str):
         assert bool(untouched.any()) and torch.equal(after[untouched], before[untouched])
 
 
-def _world4():
+def _world4(ckpt: str):
     _tables_equal_replicated()
+    _checkpoint_across_layouts(ckpt)
     _model_step("ddp")
     _model_step("fsdp")
 
 
 @pytest.mark.dist
-def test_sharded_tables_and_model_on_gloo_ranks():
-    run_distributed_test(_world4, world_size=4, backend="gloo", start_method="spawn")
+def test_sharded_tables_and_model_on_gloo_ranks(tmp_path):
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_model_and_optim_state
+
+    ckpt = str(tmp_path / "ckpt")
+    run_distributed_test(_world4, world_size=4, backend="gloo", start_method="spawn",
+                         func_args=(ckpt,))
+    # The 2d table was saved once, as whole rows: its chunks tile the table (2 shards, the
+    # replicate dimension deduplicated), none lost or duplicated.
+    chunks = get_checkpoint_metadata(ckpt).state_dict_metadata["model.t.weight"].chunks
+    tiles = sorted((c.offsets[0], c.offsets[0] + c.sizes[0]) for c in chunks)
+    assert tiles == [shard_row_range(sum(SIZES), 2, i) for i in range(2)]
+    assert all(c.offsets[1] == 0 and c.sizes[1] == DIM for c in chunks)
+    # ... and loads into one process's replicated table.
+    saved = torch.load(f"{ckpt}/full.pt")
+    module, opt = _table_and_optim("replicated", None, seed=9)
+    load_model_and_optim_state(ckpt, module, opt, flatten_optimizer_state=True)
+    assert torch.equal(module["t"].weight.detach(), saved["weight"])
+    assert torch.equal(opt.state[module["t"].weight]["exp_avg"], saved["exp_avg"])
 
 
 def test_initialisation_does_not_depend_on_the_shard_boundaries():

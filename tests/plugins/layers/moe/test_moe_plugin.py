@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from olmx.cli import app
 from tests.conftest import olmx_cli
 
-TINY_MOE = ["layers=[moe]", "layers.moe.num_experts=4", "model.d_model=64", "model.n_layers=2",
+TINY_MOE = ["trainer.report=false", "layers=[moe]", "layers.moe.num_experts=4", "model.d_model=64", "model.n_layers=2",
             "model.hidden_size=128", "data.seq_len=64", "trainer.global_batch_size=8", "trainer.micro_batch_size=4",
             "trainer.max_steps=6", "trainer.warmup_steps=2", "trainer.save_interval=100"]
 
