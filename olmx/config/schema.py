@@ -61,6 +61,9 @@ class TokenizerConfig:
     pad_id: int = 257
     #: Beginning-of-document id, if the tokenizer has one.
     bos_id: Optional[int] = None
+    #: A local Hugging Face ``tokenizer.json`` of this tokenizer (byte-level BPE, e.g. dolma2's),
+    #: for what needs its vocabulary (Engram's tokenizer compression). Never downloaded.
+    path: Optional[str] = None
 
 
 @dataclass

@@ -26,8 +26,10 @@ instead give ``None`` as the decoded text of a special id; such an id gets its o
 id, keyed by its raw token string, and never merges with a text token.
 
 The tokenizer enters only as a sequence of ``(decoded_text | None, raw_token_string)`` pairs,
-one per raw id: see :func:`byte_level_tokens` (olmx's byte-level tokenizer) and
-:func:`hf_tokens` (any Hugging Face tokenizer, by duck typing).
+one per raw id: see :func:`byte_level_tokens` (olmx's byte-level tokenizer),
+:func:`tokenizer_json_tokens` (a local Hugging Face ``tokenizer.json`` of a byte-level BPE
+tokenizer, such as OLMo's dolma2, read without the ``tokenizers`` package) and
+:func:`hf_tokens` (any Hugging Face tokenizer object, by duck typing).
 """
 
 from __future__ import annotations
@@ -35,15 +37,17 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported when a map is built: the plan reads token tables without it
+    import torch
 
 __all__ = [
     "TokenizerCompression",
     "byte_level_tokens",
     "hf_tokens",
     "normalize_token_text",
+    "tokenizer_json_tokens",
 ]
 
 _WS_RUN = re.compile(r"[ \t\r\n]+")
@@ -92,6 +96,8 @@ class TokenizerCompression:
             lookup.append(key_to_id.setdefault(key, len(key_to_id)))
         if not lookup:
             raise ValueError("the tokenizer has no tokens")
+        import torch
+
         self._lookup = torch.tensor(lookup, dtype=torch.long)
         self._device_lookup: dict[torch.device, torch.Tensor] = {}
         self.compressed_vocab_size = len(key_to_id)
@@ -139,6 +145,46 @@ def byte_level_tokens(
     ]
     tokens += [(None, specials.get(i, f"<|unused_{i}|>")) for i in range(256, vocab_size)]
     return tokens
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's ``bytes_to_unicode``), inverted: the printable
+    character that stands for each byte in a token string -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def tokenizer_json_tokens(path: str, vocab_size: int) -> list[tuple[str | None, str]]:
+    """Token table of the byte-level BPE tokenizer saved in the Hugging Face ``tokenizer.json``
+    at ``path``, for raw ids ``0..vocab_size-1``: each token decoded as ``tokenizers`` decodes
+    one id (its characters mapped back to bytes, then UTF-8 with U+FFFD for a partial
+    sequence); added tokens decode to their content; ids the file does not define (vocabulary
+    padding) are special. ``ValueError`` for a file of another kind."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    model, decoder = data.get("model") or {}, data.get("decoder") or {}
+    decoders = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    if model.get("type") != "BPE" or not any(d.get("type") == "ByteLevel" for d in decoders):
+        raise ValueError(f"{path}: not a byte-level BPE tokenizer (model {model.get('type')!r}, decoder "
+                         f"{decoder.get('type')!r}); only those are read without the tokenizers package")
+    alphabet = _byte_level_alphabet()
+    table: dict[int, tuple[str | None, str]] = {}
+    for token, i in model["vocab"].items():
+        raw = bytes(alphabet[c] for c in token if c in alphabet)
+        table[i] = (raw.decode("utf-8", errors="replace"), token)
+    for added in data.get("added_tokens", []):
+        table[added["id"]] = (added["content"], added["content"])
+    return [table.get(i, (None, f"<|unused_{i}|>")) for i in range(vocab_size)]
 
 
 def hf_tokens(tokenizer: Any) -> list[tuple[str | None, str]]:

@@ -7,6 +7,7 @@ or sharded over ranks (``1d``/``2d``) with only the looked-up rows exchanged.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -102,10 +103,19 @@ class EngramLayer:
         if cfg.sharding == "2d" and (not cfg.shard_degree or world.size % cfg.shard_degree):
             raise ConfigError("layers.engram.shard_degree", f"sharding=2d needs a shard_degree dividing the world "
                               f"size {world.size}, got {cfg.shard_degree}")
-        if cfg.compression and run.data.tokenizer.name != "bytes":
-            raise ConfigError("layers.engram.compression", f"compression needs the vocabulary of tokenizer "
-                              f"'{run.data.tokenizer.name}', which olmx cannot load offline; set "
-                              "layers.engram.compression=false to hash raw ids")
+        tok = run.data.tokenizer
+        if cfg.compression and tok.name != "bytes":
+            if not tok.path:
+                raise ConfigError("layers.engram.compression", f"compression needs the vocabulary of tokenizer "
+                                  f"'{tok.name}': set data.tokenizer.path to its local tokenizer.json (olmx "
+                                  "downloads nothing), or layers.engram.compression=false to hash raw ids")
+            from olmx_plugins.layers.engram.compression import tokenizer_json_tokens
+
+            try:
+                tokenizer_json_tokens(os.path.expanduser(tok.path), tok.vocab_size)
+            except (OSError, ValueError, KeyError) as exc:
+                raise ConfigError("data.tokenizer.path", f"cannot read the tokenizer for Engram's compression: "
+                                  f"{exc}") from None
         uly = run.parallel.get("ulysses")
         if uly is not None and uly.degree > 1:
             # Each rank's convolution reads the previous sequence shard's last positions.
@@ -131,7 +141,9 @@ class EngramLayer:
                 ("sharding", cfg.sharding + ("" if cfg.sharding == "replicated" else
                                              f": only looked-up rows cross ranks (<= {lookups * dim * 4 * 2 / 2**20:,.1f} "
                                              "MiB per step, forward + backward)")),
-                ("optimizer", f"tables in their own group: lr x {cfg.table_lr_multiplier}, no weight decay")]
+                ("optimizer", f"tables in their own group: lr x {cfg.table_lr_multiplier}, no weight decay"),
+                ("tokenizer compression", "off: raw ids are hashed" if not cfg.compression else
+                 "byte-level tokenizer" if tok.name == "bytes" else f"{tok.name} vocabulary from {tok.path}")]
         n = len(ids)
         return Contribution(rows=rows, params=table_params + n * dense,
                             active_params=n * (dense + heads * dim))
@@ -186,10 +198,16 @@ class EngramLayer:
     def apply_model(self, cfg: EngramLayerConfig, model: Any, plan: Any) -> None:
         """Hash once per batch for all Engram blocks (before any parallel wrapper)."""
         from olmx_plugins.layers.engram.block import apply_engram_inputs
-        from olmx_plugins.layers.engram.compression import TokenizerCompression, byte_level_tokens
+        from olmx_plugins.layers.engram.compression import (
+            TokenizerCompression,
+            byte_level_tokens,
+            tokenizer_json_tokens,
+        )
 
         tok = plan.config["data"]["tokenizer"]
-        if cfg.compression:
+        if cfg.compression and tok["name"] != "bytes":
+            tokens = tokenizer_json_tokens(os.path.expanduser(tok["path"]), plan.vocab_size)
+        elif cfg.compression:
             tokens = byte_level_tokens(vocab_size=plan.vocab_size,
                                        special_tokens={tok["eos_id"]: "<|endoftext|>", tok["pad_id"]: "<|pad|>"})
         else:  # identity map: every raw id is its own canonical id

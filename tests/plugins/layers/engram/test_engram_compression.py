@@ -127,3 +127,50 @@ def test_package_import_is_light_and_exports_lazily():
     assert engram.TokenizerCompression is TokenizerCompression
     with pytest.raises(AttributeError):
         engram.not_there
+
+
+def _tokenizer_json(path, vocab: dict[str, int], added: list[dict], *, model="BPE", decoder="ByteLevel"):
+    import json
+
+    path.write_text(json.dumps({"model": {"type": model, "vocab": vocab, "merges": []},
+                                "decoder": {"type": decoder}, "added_tokens": added}))
+    return str(path)
+
+
+def test_tokenizer_json_of_a_byte_level_bpe_decodes_each_id_as_the_tokenizers_package(tmp_path):
+    """A dolma2-style tokenizer.json read without ``tokenizers``: token strings in GPT-2's byte
+    alphabet (``Ġ`` = space, ``Ã©`` = the UTF-8 bytes of é), a partial UTF-8 byte, a special."""
+    from olmx_plugins.layers.engram.compression import tokenizer_json_tokens
+
+    vocab = {"Apple": 0, "Ġapple": 1, "APPLE": 2, "Ã©": 3, "e": 4, "Ã": 5, "Ä": 6}
+    path = _tokenizer_json(tmp_path / "tokenizer.json", vocab,
+                           [{"id": 7, "content": "<|endoftext|>", "special": True}])
+    tokens = tokenizer_json_tokens(path, vocab_size=9)
+    assert tokens == [("Apple", "Apple"), (" apple", "Ġapple"), ("APPLE", "APPLE"), ("é", "Ã©"), ("e", "e"),
+                      ("\ufffd", "Ã"), ("\ufffd", "Ä"), ("<|endoftext|>", "<|endoftext|>"), (None, "<|unused_8|>")]
+    ids = TokenizerCompression(tokens).lookup.tolist()
+    assert ids[0] == ids[1] == ids[2] and ids[3] == ids[4]  # case, space, accents collapse
+    assert len({ids[0], ids[3], ids[5], ids[6], ids[7], ids[8]}) == 6  # partial bytes keep their raw keys
+    with pytest.raises(ValueError, match="not a byte-level BPE tokenizer"):
+        tokenizer_json_tokens(_tokenizer_json(tmp_path / "sp.json", {"▁a": 0}, [], decoder="Metaspace"), 1)
+
+
+def test_engram_compression_with_a_non_byte_tokenizer_needs_its_tokenizer_json(tmp_path):
+    from olmx.config.compose import compose, to_object
+    from olmx.errors import ConfigError
+    from olmx.plan.resolve import resolve
+    from olmx.registry import registry
+
+    reg = registry()
+    data = tmp_path / "tokens.npy"
+    data.write_bytes(b"\0" * 1024)
+    common = ["layers=[engram]", "data=numpy", f"data.paths=[{data}]", "data.seq_len=64", "data.tokenizer.vocab_size=9",
+              "data.tokenizer.eos_id=7", "data.tokenizer.pad_id=8", "infra.nproc_per_node=1", "parallel=[]"]
+    with pytest.raises(ConfigError, match="layers.engram.compression.*set data.tokenizer.path"):
+        resolve(to_object(compose(common, reg), reg), reg)
+    bad = _tokenizer_json(tmp_path / "wp.json", {"a": 0}, [], model="WordPiece")
+    with pytest.raises(ConfigError, match="data.tokenizer.path: cannot read the tokenizer.*not a byte-level BPE"):
+        resolve(to_object(compose([*common, f"data.tokenizer.path={bad}"], reg), reg), reg)
+    good = _tokenizer_json(tmp_path / "tokenizer.json", {"a": 0, "Ġa": 1}, [{"id": 7, "content": "<eos>"}])
+    plan = resolve(to_object(compose([*common, f"data.tokenizer.path={good}"], reg), reg), reg)
+    assert dict(plan.sections["layers.engram"])["tokenizer compression"] == f"dolma2 vocabulary from {good}"
