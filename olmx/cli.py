@@ -298,18 +298,19 @@ class ProvisionGroup(typer.core.TyperGroup):
 
         try:
             plugin = registry().get("infra", name)
-        except PluginError as exc:
-            message = str(exc)
+            factory = getattr(plugin, "commands", None)
+            if factory is None:
+                return None
+            return _guard_all(typer.main.get_group(factory()))
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the CLI down
+            message = str(exc) if isinstance(exc, PluginError) else (
+                f"infra plugin '{name}' failed to build its commands: {type(exc).__name__}: {exc}")
 
-            def unavailable() -> None:
-                err.print(f"error: {message}", markup=False)
-                raise typer.Exit(2)
+        def unavailable() -> None:
+            err.print(f"error: {message}", markup=False)
+            raise typer.Exit(2)
 
-            return typer.core.TyperCommand(name=name, help=f"(unavailable: {message})", callback=unavailable)
-        factory = getattr(plugin, "commands", None)
-        if factory is None:
-            return None
-        return _guard_all(typer.main.get_group(factory()))
+        return typer.core.TyperCommand(name=name, help=f"(unavailable: {message})", callback=unavailable)
 
 
 def _guard_all(command: Any) -> Any:

@@ -23,7 +23,7 @@ Optional hooks, called when a plugin has them (``cfg`` is the plugin's ``Config`
 * ``order: int`` (layers): where the plugin edits the model among the run's layer plugins,
   lowest first (default :data:`DEFAULT_LAYER_ORDER`; ties keep the listed order). Plugins that
   replace parts of a block (``moe``: 10) go before those that extend whatever block is there
-  (``engram``: 50), so the order a user lists them in does not matter.
+  (``engram``: 90), so the order a user lists them in does not matter.
 * ``linear_layers(cfg, run, layers) -> layers`` (layers): edit the torch-free list of the
   model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) that precision plugins plan with.
 * ``dp_mesh(cfg, dp_ranks, world) -> dict[str, int]`` (the data-parallel strategy): how its

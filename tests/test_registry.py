@@ -111,3 +111,41 @@ def test_unknown_plugin_names_the_installed_ones():
     reg = Registry.discover()
     with pytest.raises(PluginError, match=r"unknown parallel plugin 'zero3'; installed: .*ddp.*fsdp"):
         reg.get("parallel", "zero3")
+
+
+def test_an_infra_plugin_whose_commands_fail_leaves_provision_working(plugin_site):
+    """``olmx provision <broken>`` is one error line (exit 2); the others are unaffected."""
+    source = """
+        '''An infra target whose provision commands cannot be built.'''
+        from dataclasses import dataclass
+
+        @dataclass
+        class Cfg:
+            #: a knob
+            n: int = 1
+
+        class Broken:
+            name = "brokeninfra"
+            description = "An infra target whose provision commands cannot be built."
+            api = ">=1.0,<2"
+            Config = Cfg
+            def world(self, cfg): ...
+            def dry_run(self, plan): return ""
+            def launch(self, plan): return 0
+            def commands(self): raise RuntimeError("no typer app today")
+
+        PLUGIN = Broken()
+    """
+    make_dist(plugin_site, "olmx-brokeninfra", "[olmx.infra]\nbrokeninfra = broken_infra:PLUGIN\n",
+              {"broken_infra": source})
+    from olmx.registry import reset
+    from tests.conftest import olmx_cli
+
+    reset()
+    proc = olmx_cli("provision", "brokeninfra")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: infra plugin 'brokeninfra' failed to build its commands: RuntimeError: no typer app today")
+    assert "Traceback" not in proc.stderr
+    listing = olmx_cli("provision", "--help")
+    assert listing.returncode == 0 and "runpod" in listing.stdout and "brokeninfra" in listing.stdout
+    reset()

@@ -12,13 +12,6 @@ from olmx.errors import ConfigError
 from olmx.plan import Plan
 
 
-#: Environment of every torchrun olmx starts. A fresh rendezvous store for every attempt:
-#: torchrun's shared agent store keeps the previous attempt's process-group addresses, and a
-#: restarted gloo group that reads one before its peer overwrote it fails with
-#: "connectFullMesh ... Connection refused".
-TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
-
-
 @dataclass
 class TorchrunConfig:
     """How torchrun restarts and stops the workers; part of every infra target's settings."""
@@ -30,15 +23,31 @@ class TorchrunConfig:
     #: processes to finish their step and save a checkpoint before it kills them.
     stop_timeout: int = 300
 
+    def check(self) -> None:
+        """ConfigError for a value torchrun cannot take (called when the plan is made)."""
+        if self.max_restarts < 0:
+            raise ConfigError("infra.max_restarts", f"must be 0 or more, got {self.max_restarts}")
+        if self.stop_timeout < 1:
+            raise ConfigError("infra.stop_timeout", f"must be at least 1 second, got {self.stop_timeout}")
+
+
+def torchrun_env(cfg: TorchrunConfig) -> dict[str, str]:
+    """Environment of a torchrun olmx starts. With restarts, a fresh rendezvous store for every
+    attempt: torchrun's shared agent store keeps the previous attempt's process-group
+    addresses, and a restarted gloo group that reads one before its peer overwrote it fails
+    with "connectFullMesh ... Connection refused". (Without restarts the shared store stays:
+    it keeps the workers' store on the rendezvous port, which multi-node clusters open.)"""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if cfg.max_restarts > 0:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env
+
 
 def torchrun_flags(cfg: TorchrunConfig, run_dir: str | Path) -> list[str]:
     """torchrun options every infra target passes: restarts, the stop grace period, and
     per-rank logs and error files of every attempt under ``RUN_DIR/logs/torchrun`` (which
     :mod:`olmx.launch.failures` reads) while the ranks' output still reaches the node log."""
-    if cfg.max_restarts < 0:
-        raise ConfigError("infra.max_restarts", f"must be 0 or more, got {cfg.max_restarts}")
-    if cfg.stop_timeout < 1:
-        raise ConfigError("infra.stop_timeout", f"must be at least 1 second, got {cfg.stop_timeout}")
+    cfg.check()
     return [f"--max-restarts={cfg.max_restarts}", f"--log-dir={torchrun_log_dir(run_dir)}", "--tee=3",
             f"--shutdown-timeout={cfg.stop_timeout}"]
 
@@ -65,7 +74,7 @@ def torchrun_command(
     python: str | None = None,
 ) -> list[str]:
     """torchrun (with :func:`torchrun_flags`) over :func:`worker_command`, to run with
-    :data:`TORCHRUN_ENV`; ``rdzv_endpoint=None`` on one node means a standalone rendezvous on
+    :func:`torchrun_env`; ``rdzv_endpoint=None`` on one node means a standalone rendezvous on
     a free local port."""
     py = python or sys.executable
     cmd = [py, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",

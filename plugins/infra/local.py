@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from olmx.errors import ConfigError, RunFailed
-from olmx.launch import TORCHRUN_ENV, TorchrunConfig
+from olmx.launch import TorchrunConfig, torchrun_env
 from olmx.protocols import World
 
 
@@ -42,6 +42,7 @@ class LocalInfra:
         """Processes from the settings and the GPUs ``nvidia-smi`` sees."""
         from olmx.launch.devices import local_devices
 
+        cfg.check()
         dev = local_devices()
         nproc = cfg.nproc_per_node if cfg.nproc_per_node is not None else (dev.count or 2)
         if nproc < 1:
@@ -60,13 +61,13 @@ class LocalInfra:
         cfg = self._cfg(plan)
         endpoint = None if cfg.nnodes == 1 else f"{cfg.master_addr}:{cfg.master_port}"
         return torchrun_command(plan, cfg, nnodes=cfg.nnodes, nproc_per_node=plan.world.nproc_per_node,
-                                node_rank=cfg.node_rank, rdzv_endpoint=endpoint, rdzv_id=self._launch_id(plan, cfg))
+                                node_rank=cfg.node_rank, rdzv_endpoint=endpoint)
 
     def dry_run(self, plan: Any) -> str:
         """The exact command that would run."""
         from olmx.launch import shell_join
 
-        return shell_join([f"{k}={v}" for k, v in TORCHRUN_ENV.items()] + self.command(plan))
+        return shell_join([f"{k}={v}" for k, v in torchrun_env(self._cfg(plan)).items()] + self.command(plan))
 
     def launch(self, plan: Any) -> int:
         """Start torchrun with its output in ``RUN_DIR/logs/``, follow it, and end as the run
@@ -77,6 +78,7 @@ class LocalInfra:
         SIGTERM to this process (a scheduler taking the machine) is passed on to torchrun and
         its processes, which finish their step and save a checkpoint; Ctrl-C does the same."""
         import time
+        import uuid
 
         from rich.console import Console
 
@@ -88,8 +90,8 @@ class LocalInfra:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"node{cfg.node_rank}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
-        launch_id, started = self._launch_id(plan, cfg), time.time()
-        env = {**TORCHRUN_ENV, **os.environ, LAUNCH_ENV: launch_id}
+        launch_id, started = uuid.uuid4().hex[:12], time.time()
+        env = {**torchrun_env(cfg), **os.environ, LAUNCH_ENV: launch_id}
         console = Console(stderr=True)
         interrupted = False
         with open(log_path, "ab") as log:
@@ -132,11 +134,14 @@ class LocalInfra:
                                     node_rank=cfg.node_rank)
         for failure in failures:
             append_event(plan.run_dir, "rank_failed", launch=launch_id, **failure.as_event())
-        for e in read_events(plan.run_dir, launch=launch_id, since=started):
+        # On several nodes global rank 0 (which writes the run's records) may be on any node, its
+        # launcher's id unknown here: this launch's records are those written since it started.
+        mine = launch_id if cfg.nnodes == 1 else None
+        for e in read_events(plan.run_dir, launch=mine, since=started):
             if e["event"] == "checkpoint_corrupt":
                 console.print(f"[yellow]checkpoint step {e['step']} was corrupt[/] ({e['problem']}); "
                               f"moved to {e['moved_to']}, an older one was used", highlight=False)
-        result = outcome(plan.run_dir, launch=launch_id, since=started, returncode=rc)
+        result = outcome(plan.run_dir, launch=mine, since=started, returncode=rc)
         restarts = failures if result.state != "failed" else failures[:-1]
         for failure in restarts:
             console.print(f"[yellow]restarted[/] after {failure.describe()}")
@@ -158,21 +163,6 @@ class LocalInfra:
         from olmx.launch.monitor import tail
 
         raise RunFailed(f"training failed with exit code {rc}; last lines of {log_path}:\n{tail(log_path)}", rc or 1)
-
-    @staticmethod
-    def _launch_id(plan: Any, cfg: LocalConfig) -> str:
-        """Names this launch in ``events.jsonl`` (and, on several nodes, the rendezvous). On one
-        node a fresh random id; on several, every node derives the same one from the run
-        directory and rendezvous address: the launcher of any node may host global rank 0 (c10d
-        hands out ranks in arrival order) and each reads the outcome that rank 0 wrote. Records
-        of earlier launches under the same id are told apart by time."""
-        import hashlib
-        import uuid
-
-        if cfg.nnodes == 1:
-            return uuid.uuid4().hex[:12]
-        where = f"{Path(plan.run_dir).resolve()}|{cfg.master_addr}:{cfg.master_port}|{cfg.nnodes}"
-        return "olmx-" + hashlib.sha256(where.encode()).hexdigest()[:12]
 
     @staticmethod
     def _cfg(plan: Any) -> LocalConfig:

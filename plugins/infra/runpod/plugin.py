@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -105,12 +106,13 @@ class RunPodConfig(TorchrunConfig):
     #: image that already has this olmx.
     install: bool = True
     #: Copy the run's data files (``data=text``/``numpy``: the files ``data.paths`` names
-    #: here) to every pod, under ``<workdir>/run/data/``, and train on the copies; false:
+    #: here) to every pod, under ``<workdir>/data/`` (outside the run directory, so they are not
+    #: copied back), and train on the copies; false:
     #: ``data.paths`` already name files on the pods (in the image or on a network volume).
     ship_data: bool = True
     #: Refuse to ship more than this many GB of data files (copying goes through SSH with the
     #: run); put larger data on a network volume or in the image and set ``ship_data=false``.
-    ship_data_max_gb: float = 5.0
+    ship_data_max_gb: float = 1.0
     #: SSH private key for the pods (``ssh -i``); null: ssh's defaults and agent. Its public
     #: key must be registered with RunPod.
     ssh_key: Optional[str] = None
@@ -145,6 +147,7 @@ class RunPodInfra:
         from olmx.launch.devices import gpu_compute_capability
         from olmx_plugins.infra.runpod.spec import CloudType
 
+        cfg.check()
         if cfg.nodes < 1:
             raise ConfigError("infra.nodes", f"must be at least 1, got {cfg.nodes}")
         if cfg.gpus_per_node < 0:
@@ -246,14 +249,14 @@ class RunPodInfra:
     def bootstrap(self, plan: Any, launch_id: str = "runpod-LAUNCH") -> str:
         """The bootstrap script every node of one launch runs (``templates/runpod/bootstrap.sh.j2``);
         ``launch_id`` names the launch in ``events.jsonl`` (each launch gets a fresh one)."""
-        from olmx.launch import TORCHRUN_ENV, render_template, torchrun_flags
+        from olmx.launch import render_template, torchrun_env, torchrun_flags
 
         cfg = self._cfg(plan)
         return render_template(
             TEMPLATE, workdir=cfg.workdir, python=cfg.python, nproc_per_node=plan.world.nproc_per_node,
             env=sorted(cfg.env.items()), torch_version=_torch_pin(), install=cfg.install,
             flash_attn_wheel=cfg.flash_attn_wheel if plan.world.device == "cuda" else None,
-            rdzv_id=f"olmx-{Path(plan.run_dir).name}", torchrun_env=sorted(TORCHRUN_ENV.items()),
+            rdzv_id=f"olmx-{Path(plan.run_dir).name}", torchrun_env=sorted(torchrun_env(cfg).items()),
             torchrun_flags=torchrun_flags(cfg, f"{cfg.workdir}/run"), launch_id=launch_id)
 
     # -- launch ------------------------------------------------------------------------------
@@ -277,7 +280,8 @@ class RunPodInfra:
             "cluster_id": cluster_id, "created": created, "workdir": cfg.workdir,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         try:
-            data = self._bundle(plan, cfg)
+            launch_id = f"runpod-{uuid.uuid4().hex[:12]}"
+            data = self._bundle(plan, cfg, launch_id)
             for node, r in zip(nodes, remotes):
                 console.print(f"Copying the run to pod {node.id} ({r}) ...")
                 rm.ship(r, cfg.workdir, data)
@@ -309,6 +313,14 @@ class RunPodInfra:
         except LaunchError as exc:  # lost contact: keep the pods, say how to reach them
             raise LaunchError(f"{exc}\n{self._still_running(plan, nodes)}") from None
         self._finish(client, cfg, plan, nodes, remotes, cluster_id, console)
+        if isinstance(outcome, RunFailed) and outcome.exit_code != 130:
+            # Global rank 0 may have run on any node; its records are in the copied-back run.
+            from olmx.events import outcome as run_outcome
+
+            result = run_outcome(plan.run_dir, launch=launch_id)
+            if result.state in ("stopped", "nonfinite"):
+                outcome = RunFailed(f"{result.message}: run the same olmx train again "
+                                    f"(trainer.run_dir={plan.run_dir}) to resume", result.exit_code)
         if outcome is not None:
             raise outcome
         return 0
@@ -339,11 +351,9 @@ class RunPodInfra:
             return list(ready.nodes), ready.id, True
         return [ready], None, True
 
-    def _bundle(self, plan: Any, cfg: RunPodConfig) -> bytes:
+    def _bundle(self, plan: Any, cfg: RunPodConfig, launch_id: str = "runpod-LAUNCH") -> bytes:
         """What goes to every node: the pod's plan, the bootstrap, the pins, the source, and
         the checkpoint a resumed run starts from (with its metrics)."""
-        import uuid
-
         import yaml
 
         from olmx_plugins.infra.runpod import remote as rm
@@ -353,12 +363,12 @@ class RunPodInfra:
         config["trainer"]["run_dir"] = run_dir
         data_files = shipped_data(plan, cfg)
         if data_files:
-            config["data"]["paths"] = [f"{run_dir}/{name}" for name in data_files]
+            config["data"]["paths"] = [f"{cfg.workdir}/{name}" for name in data_files]
         pod_plan = replace(plan, run_dir=run_dir, config=config)
         files = {"run/plan.yaml": yaml.safe_dump(pod_plan.to_dict(), sort_keys=False).encode(),
-                 "bootstrap.sh": self.bootstrap(plan, f"runpod-{uuid.uuid4().hex[:12]}").encode(),
+                 "bootstrap.sh": self.bootstrap(plan, launch_id).encode(),
                  "constraints.txt": "".join(f"{r}\n" for r in pinned_requirements()).encode()}
-        trees: list[tuple[str, Path]] = [(f"run/{name}", path) for name, path in data_files.items()]
+        trees: list[tuple[str, Path]] = list(data_files.items())
         if cfg.install:
             root = rm.source_root()
             trees += [(f"olmx-src/{part}", root / part) for part in rm.SOURCE_PARTS]
@@ -578,9 +588,8 @@ def _wait_ended(look: Any, poll: float, timeout: float = 120.0) -> None:
         time.sleep(min(poll, 2.0))
 
 
-
 def shipped_data(plan: Any, cfg: RunPodConfig) -> dict[str, Path]:
-    """The local data files shipped to the pods, by their name under the pod's run directory
+    """The local data files shipped to the pods, by their name under the pod's ``infra.workdir``
     (``data/000-name``, in ``data.paths`` order); ConfigError above ``infra.ship_data_max_gb``."""
     from olmx.build.data import text_files
 
@@ -597,10 +606,11 @@ def shipped_data(plan: Any, cfg: RunPodConfig) -> dict[str, Path]:
 
 
 def _shipped_data_note(plan: Any, cfg: RunPodConfig) -> str:
+    """What the dry run says about shipped data files ('' when none are shipped)."""
     files = shipped_data(plan, cfg)
     if not files:
         return ""
-    return f", run/data/ ({len(files)} data file(s), {sum(f.stat().st_size for f in files.values()) / 1e6:.1f} MB)"
+    return f", data/ ({len(files)} data file(s), {sum(f.stat().st_size for f in files.values()) / 1e6:.1f} MB)"
 
 
 def _write_record(run_dir: str, record: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from olmx.errors import ConfigError, LaunchError, RunFailed
-from olmx.launch import TORCHRUN_ENV, TorchrunConfig
+from olmx.launch import TorchrunConfig, torchrun_env
 from olmx.protocols import World
 
 #: File in the run directory that records the submitted job.
@@ -284,7 +284,7 @@ def _render(cfg: SlurmConfig, *, run_dir: str, plan_path: str, nproc_per_node: i
             partition=cfg.partition, account=cfg.account, time=cfg.time,
             gpus_per_node=cfg.gpus_per_node or None, cpus_per_task=cfg.cpus_per_task, mem=cfg.mem,
             signal_seconds=cfg.signal_seconds, requeue=cfg.requeue, container_image=cfg.container_image,
-            container_mounts=cfg.container_mounts, env={**TORCHRUN_ENV, **cfg.env},
+            container_mounts=cfg.container_mounts, env={**torchrun_env(cfg), **cfg.env},
             extra_sbatch_args=cfg.extra_sbatch_args, torchrun_flags=torchrun_flags(cfg, run_dir),
         )
     except jobs.SlurmError as exc:  # "slurm <argument>...: why"

@@ -77,7 +77,7 @@ class EngramLayer:
     api = ">=1.0,<2"
     Config = EngramLayerConfig
     #: Extends whatever block is there: after plugins that replace blocks (moe, order 10).
-    order = 50
+    order = 90
 
     def resolve(self, cfg: EngramLayerConfig, run: Any, world: World) -> Contribution:
         """Check the settings; table sizes, parameters and lookup traffic for the plan."""

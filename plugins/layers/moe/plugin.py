@@ -9,8 +9,8 @@ Two execution paths, one config (``layers.moe.backend``):
   own (``ep_config``, set by ``hsdp`` with ``expert_parallel=true``). OLMo-core's DDP + EP lives
   in its v2 stack (``OLMoDDPModelConfig``), which olmx does not map: ``ddp_ep`` uses the
   portable path;
-* ``auto``: ``olmo_core`` where it can run (:func:`olmo_core_problem` finds nothing), else
-  ``portable``. The plan shows the choice and why.
+* ``auto``: ``portable`` for now. OLMo-core's path is opt-in until olmx has run its parity
+  test (marked ``gpu``) on a GPU; the plan says why, and whether olmo_core could run.
 
 Expert parallelism comes from the ``ddp_ep`` strategy or ``hsdp`` with
 ``parallel.hsdp.expert_parallel=true``. Checkpoints of the two paths differ only in the MoE
@@ -59,9 +59,11 @@ class MoEConfig:
     every: int = 1
     #: Explicit block indices to turn into MoE blocks (overrides ``every``).
     blocks: Optional[list[int]] = None
-    #: ``portable`` (olmx's MoE, runs everywhere), ``olmo_core`` (OLMo-core's v1 MoE with its
-    #: Triton/CUDA kernels: CUDA only, not with ddp_ep or a shared expert) or ``auto``
-    #: (olmo_core where it can run, else portable; the plan says which and why).
+    #: ``portable`` (olmx's MoE, runs everywhere, the tested reference), ``olmo_core``
+    #: (OLMo-core's v1 MoE with its Triton/CUDA kernels: CUDA only, not with ddp_ep or a shared
+    #: expert) or ``auto``: portable for now, because olmx has not yet run the olmo_core path on
+    #: a GPU (its parity test is marked gpu) and the two paths' checkpoints differ in their MoE
+    #: keys (a resume must keep its backend); the plan says which and why.
     backend: str = "auto"
 
 
@@ -104,7 +106,8 @@ def choose_backend(cfg: MoEConfig, parallel: Iterable[str], world: World) -> tup
         return "portable", "chosen"
     if problem:
         return "portable", f"auto: {problem}"
-    return "olmo_core", f"auto: CUDA ({world.device_name})"
+    return "portable", ("auto: OLMo-core's MoE could run here but is opt-in (layers.moe.backend=olmo_core) until "
+                        "olmx has checked it on a GPU")
 
 
 def plan_backend(plan: Any) -> str:

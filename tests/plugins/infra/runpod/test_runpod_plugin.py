@@ -284,15 +284,16 @@ def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_p
     data = RUNPOD._bundle(plan, RUNPOD._cfg(plan))
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
         pod_plan = tar.extractfile("run/plan.yaml").read().decode()
-        shipped = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.startswith("run/data/")}
-    assert shipped == {"run/data/000-a.txt": (corpus / "a.txt").read_bytes(),
-                       "run/data/001-b.txt": (corpus / "b.txt").read_bytes()}
-    assert "- /w/run/data/000-a.txt\n    - /w/run/data/001-b.txt" in pod_plan and str(corpus) not in pod_plan
-    assert "run/data/ (2 data file(s), 0.0 MB)" in RUNPOD.dry_run(plan)
+        shipped = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.startswith("data/")}
+    # Outside the pod's run directory, which is what olmx copies back.
+    assert shipped == {"data/000-a.txt": (corpus / "a.txt").read_bytes(),
+                       "data/001-b.txt": (corpus / "b.txt").read_bytes()}
+    assert "- /w/data/000-a.txt\n    - /w/data/001-b.txt" in pod_plan and str(corpus) not in pod_plan
+    assert ", data/ (2 data file(s), 0.0 MB)" in RUNPOD.dry_run(plan)
     # Data already on the pods (image, network volume): paths untouched, nothing shipped.
     kept = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", "data=text",
                     "data.paths=[/volume/corpus.txt]", "infra.ship_data=false")
-    assert not [n for n in _names(RUNPOD._bundle(kept, RUNPOD._cfg(kept))) if n.startswith("run/data")]
+    assert not [n for n in _names(RUNPOD._bundle(kept, RUNPOD._cfg(kept))) if n.startswith("data/")]
 
     big = plan_for(tmp_path, "infra.gpus_per_node=0", "data=text", f"data.paths=[{corpus}/*.txt]",
                    "infra.ship_data_max_gb=0.000001")
@@ -301,3 +302,29 @@ def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_p
     with pytest.raises(ConfigError, match=r"infra.ship_data_max_gb.*0.0 GB.*infra.ship_data=false"):
         RUNPOD.launch(big)
     assert not fake.calls("POST", "/v2/pods")
+
+
+def test_the_bootstrap_ends_with_the_runs_own_code_when_it_stopped_with_a_checkpoint(tmp_path, pod) -> None:
+    """torchrun exits 1 when its workers exit 75; the bootstrap reads the run's ``end`` record
+    (written by global rank 0 under this launch's id) and ends with 75, as ``olmx train`` does."""
+    remote, work = pod
+    python = tmp_path / "pod-python"
+    record = '{"event": "end", "launch": "%s", "reason": "SIGTERM", "step": 7}'
+    python.write_text(f"#!/bin/bash\nfor a in \"$@\"; do [ \"$a\" = torch.distributed.run ] && "
+                      f"{{ printf '{record}\\n' \"$OLMX_LAUNCH_ID\" >> events.jsonl; exit 1; }}; done\n"
+                      f"exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    plan = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}",
+                    f"infra.python={python}")
+    rm.ship(remote, str(work), RUNPOD._bundle(plan, RUNPOD._cfg(plan), "runpod-test1"))
+    rm.start(remote, str(work))
+    watch = rm.Watch(remote, str(work), tmp_path / "local")
+    watch.reset()
+    deadline = time.monotonic() + 60
+    while (code := watch.look()) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    assert code == 75
+    log = watch.log.read_text()
+    assert "stopped: stopped by SIGTERM; checkpoint saved at step 7" in log
+    assert "olmx: bootstrap on node 0 ends with status 75" in log

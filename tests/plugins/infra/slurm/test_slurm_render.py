@@ -26,10 +26,10 @@ def _sbatch_options(script: str) -> list[str]:
 
 
 def _srun_line(script: str) -> str:
-    """The srun command with its continuation lines joined."""
+    """The training step's srun command with its continuation lines joined."""
     lines = script.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("srun ")]
-    assert len(starts) == 1, f"expected exactly one srun command, found {len(starts)}"
+    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("srun ") and "--kill-on-bad-exit" in line]
+    assert len(starts) == 1, f"expected exactly one training srun command, found {len(starts)}"
     out = []
     for line in lines[starts[0] :]:
         out.append(line.rstrip().removesuffix("\\").strip())
@@ -127,6 +127,10 @@ def test_every_option_lands_where_it_belongs(tmp_path: Path) -> None:
     assert "--max-restarts=2 '--log-dir=/runs/a b/logs/torchrun' --tee=3" in srun
     # A run that stopped with a checkpoint (exit 75) requeues the job, which resumes from it.
     assert 'if [ "$rc" -eq 75 ]; then' in script and 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in script
+    # The run's outcome is read inside the job's container (the host need not have its Python).
+    assert ("srun --nodes=1 --ntasks=1 --container-image='nvcr.io#nvidia/pytorch:25.01-py3' "
+            "--container-mounts=/data:/data --container-workdir=/src/olmx /opt/venv/bin/python -m olmx.events "
+            f'{tmp_path} "$OLMX_LAUNCH_ID"') in script
 
 
 @pytest.mark.parametrize("full", [False, True])

@@ -87,7 +87,9 @@ def test_state_dict_maps_both_ways_exactly(dropless):
 def test_backend_choice():
     cfg = MoEConfig()
     assert choose_backend(cfg, [], CPU)[0] == "portable"
-    assert choose_backend(cfg, ["hsdp"], GPU) == ("olmo_core", "auto: CUDA (NVIDIA H100)")
+    assert choose_backend(cfg, ["hsdp"], GPU) == ("portable", "auto: OLMo-core's MoE could run here but is opt-in "
+                                                              "(layers.moe.backend=olmo_core) until olmx has "
+                                                              "checked it on a GPU")
     backend, why = choose_backend(cfg, ["ddp_ep"], GPU)
     assert backend == "portable" and "v2 stack (OLMoDDPModelConfig)" in why
     assert choose_backend(MoEConfig(shared_hidden_size=16), ["fsdp"], GPU)[0] == "portable"
@@ -110,7 +112,7 @@ def test_olmo_core_backend_builds_the_v1_model_and_olmo_core_ep():
 
     base = TransformerConfig.llama_like(d_model=64, vocab_size=384, n_layers=2, n_heads=4)
     hsdp = HSDPConfig(expert_parallel=True)
-    plan = _plan(GPU, {"hsdp": dataclasses.asdict(hsdp)}, every=2)
+    plan = _plan(GPU, {"hsdp": dataclasses.asdict(hsdp)}, every=2, backend="olmo_core")
     cfg = MoEConfig(**plan.config["layers"]["moe"])
     model_config = MOE.apply_model_config(cfg, base, plan)
     assert model_config.name == TransformerType.moe and model_config.block_pattern == ["dense", "moe"]
