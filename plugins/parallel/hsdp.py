@@ -39,9 +39,9 @@ class HybridShardedStrategy(FullyShardedStrategy):
         return c
 
     def apply_model(self, cfg: HSDPConfig, model: Any, plan: Any) -> None:
-        """With ``expert_parallel``: shard the portable experts over each dp_shard group (the
-        olmo_core MoE backend gets OLMo-core's own EP from :meth:`apply_train_module`)."""
-        if not cfg.expert_parallel or _olmo_core_moe(plan):
+        """With ``expert_parallel``: shard the portable experts over each dp_shard group (a model
+        on the olmo_core MoE backend has none; the moe plugin gives it OLMo-core's own EP)."""
+        if not cfg.expert_parallel:
             return
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -82,17 +82,6 @@ class HybridShardedStrategy(FullyShardedStrategy):
 
         pinned = replace(cfg, shard_degree=plan.mesh["dp_shard"], num_replicas=plan.mesh["dp_replicate"])
         super().apply_train_module(pinned, train_module, plan)
-        if cfg.expert_parallel and _olmo_core_moe(plan):  # OLMo-core v1 EP: degree = shard degree
-            from olmo_core.train.train_module import TransformerExpertParallelConfig
-
-            train_module["ep_config"] = TransformerExpertParallelConfig(degree=plan.mesh["dp_shard"])
-
-
-def _olmo_core_moe(plan: Any) -> bool:
-    """Whether the plan's MoE layers run on the olmo_core backend."""
-    from olmx_plugins.layers.moe.plugin import plan_backend
-
-    return "moe" in (plan.config.get("layers") or {}) and plan_backend(plan) == "olmo_core"
 
 
 HSDP = HybridShardedStrategy(

@@ -218,6 +218,15 @@ class MoELayer:
     def apply_model(self, cfg: MoEConfig, model: Any, plan: Any) -> None:
         """Nothing: expert parallelism is applied by the parallel strategy."""
 
+    def apply_train_module(self, cfg: MoEConfig, train_module: dict[str, Any], plan: Any) -> None:
+        """On the olmo_core backend with ``parallel.hsdp.expert_parallel``: OLMo-core's own
+        expert parallelism (``ep_config``, degree = the shard degree), as its v1 stack requires."""
+        hsdp = (plan.config.get("parallel") or {}).get("hsdp")
+        if hsdp and hsdp.get("expert_parallel") and plan_backend(plan) == "olmo_core":
+            from olmo_core.train.train_module import TransformerExpertParallelConfig
+
+            train_module["ep_config"] = TransformerExpertParallelConfig(degree=plan.mesh["dp_shard"])
+
     def callbacks(self, cfg: MoEConfig, plan: Any) -> dict[str, Any]:
         """Expert-bias balancing after every step (when ``bias_gamma`` is set; OLMo-core's
         ``MoETransformer`` does it itself on the olmo_core backend)."""

@@ -108,7 +108,7 @@ def test_olmo_core_backend_builds_the_v1_model_and_olmo_core_ep():
     from olmo_core.nn.transformer import TransformerConfig
     from olmo_core.train.train_module import TransformerExpertParallelConfig
 
-    from olmx_plugins.parallel.hsdp import HSDP, HSDPConfig
+    from olmx_plugins.parallel.hsdp import HSDPConfig
 
     base = TransformerConfig.llama_like(d_model=64, vocab_size=384, n_layers=2, n_heads=4)
     hsdp = HSDPConfig(expert_parallel=True)
@@ -118,12 +118,12 @@ def test_olmo_core_backend_builds_the_v1_model_and_olmo_core_ep():
     assert model_config.name == TransformerType.moe and model_config.block_pattern == ["dense", "moe"]
     assert model_config.block["moe"].feed_forward_moe.num_experts == 4
     kwargs: dict = {}
-    HSDP.apply_train_module(hsdp, kwargs, plan)
+    MOE.apply_train_module(cfg, kwargs, plan)
     assert kwargs["ep_config"] == TransformerExpertParallelConfig(degree=2)
     portable = _plan(CPU, {"hsdp": dataclasses.asdict(hsdp)}, every=2)
     assert type(MOE.apply_model_config(cfg, base, portable).block["moe"]).__name__ == "MoEBlockConfig"
     kwargs = {}
-    HSDP.apply_train_module(hsdp, kwargs, portable)
+    MOE.apply_train_module(cfg, kwargs, portable)
     assert "ep_config" not in kwargs
 
 
