@@ -160,10 +160,20 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes(tmp_path: Path
                  "step 2")
         subprocess.run(["scancel", "--batch", "--signal=TERM", jid], check=True)
         wait_for(lambda: jobs.job_details(jid).get("Restarts") == "1", "the requeue", timeout=90)
-        # Slurm keeps a requeued job ineligible for 120 s (Reason=BeginTime); lift that as an
-        # administrator would, so the test does not wait for it.
-        subprocess.run(["scontrol", "update", f"jobid={jid}", "starttime=now"], check=True)
-        wait_for(lambda: jobs.job_state(jid) == "COMPLETED", "COMPLETED", timeout=180)
+
+        def completed() -> bool:
+            # Slurm keeps a requeued job ineligible for 120 s (Reason=BeginTime) so that the node
+            # can finish the job's first run; lift that as an administrator would, once that run's
+            # processes are gone and a few seconds more (slurmd refuses a relaunch that comes
+            # while it still ends the first run: "Job credential revoked").
+            details = jobs.job_details(jid)
+            if details["JobState"] == "PENDING" and details.get("Reason") == "BeginTime":
+                if subprocess.run(["pgrep", "-f", str(run / "plan.yaml")], capture_output=True).returncode != 0:
+                    time.sleep(5)
+                    subprocess.run(["scontrol", "update", f"jobid={jid}", "starttime=now"], check=True)
+            return details["JobState"] == "COMPLETED"
+
+        wait_for(completed, "COMPLETED", timeout=180)
     finally:
         if jobs.job_state(jid) not in jobs.TERMINAL_STATES:
             jobs.cancel(jid)
