@@ -50,17 +50,18 @@ _CHUNK = 1 << 20
 
 #: One look at node RANK from WORK, given the local offsets MO, LO of metrics and log: a
 #: header line ``<metrics size> <metrics offset> <n> <log size> <log offset> <m> <exit> <alive>``
-#: (``exit`` is ``-`` while there is none; read after ``alive``, so that a bootstrap ending
-#: between the two reads is never taken for one that died without a status), then exactly n bytes of metrics and m bytes of
-#: log from those offsets. An offset past the end (the file was truncated) restarts at 0.
-#: Shell and coreutils only, so it works whatever state the pod's Python is in.
+#: (``exit`` is ``-`` while there is none), then exactly n bytes of metrics and m bytes of log
+#: from those offsets. Read in this order: ``alive``, then ``exit`` (a bootstrap that ends
+#: between the two is not taken for one that died without a status), then the files (complete
+#: once ``exit`` exists, since the bootstrap writes it last). An offset past the end (the file
+#: was truncated) restarts at 0. Shell and coreutils only, so it works whatever state the pod's Python is in.
 _PROBE = """cd {work} || exit 1
 look() {{ local size off n; size=$(stat -c %s "$1" 2>/dev/null || echo 0); off=$2
   [ "$off" -le "$size" ] || off=0; n=$((size - off)); [ "$n" -le {chunk} ] || n={chunk}; echo "$size $off $n"; }}
-m=$(look run/metrics.jsonl {mo}); l=$(look run/logs/node{rank}.log {lo})
 {alive}
 alive status/pid.node{rank} && alive=1 || alive=0
 ex=$(cat status/exit.node{rank} 2>/dev/null || echo -)
+m=$(look run/metrics.jsonl {mo}); l=$(look run/logs/node{rank}.log {lo})
 echo "$m $l $ex $alive"; set -- $m $l
 tail -c +$(($2 + 1)) run/metrics.jsonl 2>/dev/null | head -c "$3"
 tail -c +$(($5 + 1)) run/logs/node{rank}.log 2>/dev/null | head -c "$6"
