@@ -103,8 +103,8 @@ def _build_variant(overrides: list[str]):
     """Model (DDP over all ranks) and optimizer of an olmx run, built as ``olmx run`` does."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from olmx.build.model import build_model
-    from olmx.build.train import train_module_kwargs
+    from olmx.worker.model import build_model
+    from olmx.worker.train import train_module_kwargs
     from olmx.config.compose import compose, to_object
     from olmx.plan.resolve import resolve
     from olmx.registry import registry

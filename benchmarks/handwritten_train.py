@@ -16,7 +16,7 @@ Run it under torchrun, as olmx does::
     python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --max-restarts=0 --standalone \\
         benchmarks/handwritten_train.py --run-dir /tmp/hand --steps 60 [--data TOKENS.npy]
 
-Without ``--data`` the token file comes from ``olmx.build.data.token_files`` (the cached
+Without ``--data`` the token file comes from ``olmx.worker.data.token_files`` (the cached
 stdlib tokens ``olmx train`` uses; the only olmx call in this script).
 """
 
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# What `olmx run` sets before anything else (olmx/worker.py).
+# What `olmx run` sets before anything else (olmx/worker/run.py).
 os.environ.setdefault("OLMO_DISABLE_PER_RANK_TRITON_CACHE", "1")
 os.environ.setdefault("OLMO_SHARED_FS", "1")
 
@@ -87,7 +87,7 @@ class StepTimer(Callback):
 
 def default_token_file() -> str:
     """The stdlib token file of ``olmx train``'s default run."""
-    from olmx.build.data import token_files
+    from olmx.worker.data import token_files
     from olmx.config.schema import DataConfig
 
     return token_files(DataConfig())[0]
@@ -104,7 +104,7 @@ def main() -> None:
     run_dir = Path(args.run_dir).absolute()
     data_path = args.data or default_token_file()
 
-    # One core per process on CPU, as olmx/worker.py does.
+    # One core per process on CPU, as olmx/worker/run.py does.
     procs = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     threads = max(1, (os.cpu_count() or 1) // procs)
     os.environ["OMP_NUM_THREADS"] = str(threads)

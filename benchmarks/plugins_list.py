@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from olmx.protocols import GROUPS  # noqa: E402
+from olmx.api import GROUPS  # noqa: E402
 from tests.conftest import make_dist  # noqa: E402
 
 MODULE = '''"""Fake plugin {i}: a {kind} plugin that only exists to be listed."""

@@ -3,7 +3,7 @@
 One process trains the default tiny model (``conf/model/tiny.yaml``: d_model 128, 4 layers,
 byte-level vocabulary padded to 384) on random tokens, ``--batch`` sequences of ``--seq-len``
 tokens per step (default: one micro-batch of the default run, 8 x 256), with AdamW. The model
-is built as ``olmx run`` builds it (``olmx.build.model.build_model_config``, OLMo-core's
+is built as ``olmx run`` builds it (``olmx.worker.model.build_model_config``, OLMo-core's
 ``Transformer``) and each precision is applied as its plugin applies it on one process:
 
 - ``fp32``: nothing;
@@ -42,7 +42,7 @@ def build(mode: str, *, seed: int):
     """Model and optimizer for ``mode``, initialised identically for every mode."""
     import torch
 
-    from olmx.build.model import build_model_config
+    from olmx.worker.model import build_model_config
     from olmx.config.schema import ModelConfig
     from olmx_plugins.precision.mx import apply_mxfp8
     from olmx_plugins.precision.mxfp8 import MXFP8Config

@@ -7,7 +7,7 @@ hidden 1024, byte-level vocabulary padded to 384, fp32, torch SDPA), AdamW; one 
 P ranks holds S/P tokens). Ulysses is olmx's: the attention wrapper
 (``olmx_plugins.parallel.ulysses_attention``) plus OLMo-core's context-parallel sharding of
 inputs, labels and RoPE over a gloo group; activation checkpointing is applied with the
-config ``olmx.build.train.activation_checkpointing_config`` maps the trainer option to.
+config ``olmx.worker.train.activation_checkpointing_config`` maps the trainer option to.
 
 Memory measurement: the peak resident set size of each process (``VmHWM`` in
 ``/proc/self/status``), reset before every measured step by writing ``5`` to
@@ -58,7 +58,7 @@ def build(ac: str | None, world: int):
     from olmo_core.nn.transformer import TransformerConfig
     from torch.distributed.device_mesh import init_device_mesh
 
-    from olmx.build.train import activation_checkpointing_config
+    from olmx.worker.train import activation_checkpointing_config
     from olmx_plugins.parallel.ulysses_attention import apply_ulysses_attention
 
     config = TransformerConfig.llama_like(

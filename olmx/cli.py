@@ -126,7 +126,7 @@ def print_plan(plan: Any) -> None:
 @app.command("run")
 def run_plan(plan: Path = typer.Argument(..., help="plan.yaml written by olmx train.")) -> None:
     """Worker entry point: what each process launched for a run executes."""
-    from olmx.worker import run_worker
+    from olmx.worker.run import run_worker
 
     run_worker(plan)
 
@@ -140,7 +140,7 @@ def plugins_list(
 ) -> None:
     """Every installed plugin (imports none of them unless --check)."""
     from olmx.errors import ConfigError
-    from olmx.protocols import GROUPS
+    from olmx.api import GROUPS
     from olmx.registry import registry
 
     if kind is not None and kind not in GROUPS:
@@ -180,7 +180,7 @@ def plugins_show(
 
     from olmx.config.docs import schema_rows
     from olmx.errors import PluginError
-    from olmx.protocols import CONFIG_GROUPS
+    from olmx.api import CONFIG_GROUPS
     from olmx.registry import registry
 
     reg = registry()

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from olmx import PLUGIN_API, __version__
 from olmx.errors import ConfigError
-from olmx.protocols import CONFIG_GROUPS, GROUPS
+from olmx.api import CONFIG_GROUPS, GROUPS
 
 if TYPE_CHECKING:
     from olmx.registry import Registry

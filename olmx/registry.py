@@ -24,7 +24,7 @@ from typing import Any
 
 from olmx import PLUGIN_API
 from olmx.errors import PluginError
-from olmx.protocols import GROUPS, REQUIRED_METHODS
+from olmx.api import GROUPS, REQUIRED_METHODS
 
 FIRST_PARTY_DIST = "olmx"
 
@@ -211,9 +211,9 @@ class Registry:
 
     def layers_in_order(self, layers: dict[str, Any]) -> list[tuple[str, Any, Any]]:
         """``(name, plugin, cfg)`` of the run's layer plugins in the order they edit the model:
-        by the plugin's ``order`` (default :data:`olmx.protocols.DEFAULT_LAYER_ORDER`), then as
+        by the plugin's ``order`` (default :data:`olmx.api.DEFAULT_LAYER_ORDER`), then as
         listed. So ``layers=[engram,moe]`` builds the same model as ``layers=[moe,engram]``."""
-        from olmx.protocols import DEFAULT_LAYER_ORDER
+        from olmx.api import DEFAULT_LAYER_ORDER
 
         plugins = [(name, self.get("layer", name), cfg) for name, cfg in layers.items()]
         return sorted(plugins, key=lambda item: getattr(item[1], "order", DEFAULT_LAYER_ORDER))

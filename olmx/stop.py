@@ -1,7 +1,7 @@
 """Stop requests: SIGTERM/SIGINT handlers that only set a flag (no torch here, so the worker
 installs them before its slow imports and a preemption notice during start-up is kept).
 
-:class:`olmx.build.faults.TrainingGuard` turns the flag into a stop agreed by every rank.
+:class:`olmx.worker.faults.TrainingGuard` turns the flag into a stop agreed by every rank.
 """
 
 from __future__ import annotations

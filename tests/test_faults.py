@@ -3,7 +3,7 @@ elastic restarts, a save killed halfway, a corrupt checkpoint, non-finite steps 
 unwritable and full run directories. Every interrupted run is compared, bitwise, with the same
 run left alone (CPU, gloo, deterministic ops).
 
-Faults inside the workers are placed with ``OLMX_FAULTS`` (olmx/build/faults.py); the
+Faults inside the workers are placed with ``OLMX_FAULTS`` (olmx/worker/faults.py); the
 preemption is a real SIGTERM sent to ``olmx train``.
 """
 
@@ -250,7 +250,7 @@ def test_resume_prunes_checkpoints_of_earlier_attempts(tmp_path):
     checkpointer's max_checkpoints newest complete ones (completion mark removed first)."""
     from types import SimpleNamespace
 
-    from olmx.build.checkpoint import METADATA, _prune, checkpoint_dirs
+    from olmx.worker.checkpoint import METADATA, _prune, checkpoint_dirs
 
     for step in (10, 20, 30, 40, 50):
         (tmp_path / f"step{step}" / "train").mkdir(parents=True)

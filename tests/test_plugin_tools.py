@@ -101,7 +101,7 @@ def skeletons(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_skeleton_is_a_complete_package(skeletons, kind):
-    from olmx.protocols import CONFIG_GROUPS, GROUPS
+    from olmx.api import CONFIG_GROUPS, GROUPS
 
     path = skeletons[0][kind]
     module = f"olmx_my_{kind}"
@@ -171,7 +171,7 @@ def test_installed_skeleton_is_used_by_train_dry_run(skeletons, tmp_path):
 LAYER = """
     '''A third-party layer.'''
     from dataclasses import dataclass
-    from olmx.protocols import Contribution
+    from olmx.api import Contribution
 
     @dataclass
     class Cfg:

@@ -13,7 +13,7 @@ from tests.conftest import make_dist
 GOOD = """
     '''A good third-party layer.'''
     from dataclasses import dataclass
-    from olmx.protocols import Contribution
+    from olmx.api import Contribution
 
     @dataclass
     class Cfg:

@@ -16,7 +16,7 @@ from typing import Any
 
 from olmx.config.schema import RunConfig
 from olmx.errors import ConfigError
-from olmx.protocols import CONFIG_GROUPS
+from olmx.api import CONFIG_GROUPS
 from olmx.registry import Registry
 
 #: Kinds whose group is selected as a list/dict of named sections (``layers.moe.top_k``);

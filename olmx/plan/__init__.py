@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from olmx.protocols import World
+from olmx.api import World
 
 PLAN_FILE = "plan.yaml"
 

@@ -18,7 +18,7 @@ from olmx import __version__
 from olmx.config.schema import ModelConfig, RunConfig
 from olmx.errors import ConfigError
 from olmx.plan import BatchPlan, ParamCounts, Plan
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 from olmx.registry import Registry
 
 BLOCKS = ("default", "reordered_norm")
@@ -26,7 +26,7 @@ ATTN_BACKENDS = ("auto", "torch", "flash_2", "flash_3", "te")
 SCHEDULES = ("cosine", "linear", "constant")
 DATA_SOURCES = ("stdlib", "text", "numpy")
 #: ``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block) and olmx's
-#: ``long_context`` (olmx.build.train.LONG_CONTEXT_AC_MODULES). OLMo-core's ``selected_ops``
+#: ``long_context`` (olmx.worker.train.LONG_CONTEXT_AC_MODULES). OLMo-core's ``selected_ops``
 #: is not offered: with torch 2.13 its recompute fails in RoPE ("aten.alias.default invocation
 #: index 4 encountered during backward but not found in storage", benchmarks/results/ulysses.md).
 AC_MODES = ("full", "long_context")

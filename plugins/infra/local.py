@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from olmx.errors import ConfigError, RunFailed
 from olmx.launch import TorchrunConfig, torchrun_env
-from olmx.protocols import World
+from olmx.api import World
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 
 
 class DataParallelStrategy:

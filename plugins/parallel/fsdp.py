@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from olmx.errors import ConfigError
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 from olmx_plugins.parallel.data_parallel import DataParallelStrategy
 
 WRAPPING = ("full", "blocks", "fine_grained")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from olmx.errors import ConfigError
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 from olmx_plugins.parallel.fsdp import FSDPConfig, FullyShardedStrategy
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from olmx.errors import ConfigError
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 
 #: Bytes per activation element for the all-to-all estimate: 4 under ``precision=fp32``,
 #: else 2 (bf16 / fp16 / mxfp8 all run attention in 16-bit).

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from olmx.errors import ConfigError
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 
 DTYPES = ("bfloat16", "float32")
 #: Data-parallel strategies that shard parameters (and so have a mixed-precision policy).

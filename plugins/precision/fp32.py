@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 
 
 @dataclass

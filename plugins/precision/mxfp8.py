@@ -37,7 +37,7 @@ from typing import Any
 
 from olmx.errors import ConfigError
 from olmx.plan.linears import LinearLayer, model_linears
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 from olmx_plugins.precision.bf16 import SHARDED, apply_mixed_precision, resolve_mixed_precision, sharded
 
 #: Elements sharing one E8M0 scale (OCP MX v1.0).

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from olmx.errors import ConfigError
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 
 #: Residual branches of an OLMo-core block, by the prefix of their ``*_residual_stream`` module.
 BRANCHES = ("attention", "feed_forward")

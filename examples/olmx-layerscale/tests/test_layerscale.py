@@ -14,7 +14,7 @@ from packaging.specifiers import SpecifierSet
 
 import olmx
 from olmx.errors import ConfigError
-from olmx.protocols import LayerPlugin, World
+from olmx.api import LayerPlugin, World
 
 WORLD = World(nnodes=1, nproc_per_node=2)
 

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from olmx.errors import ConfigError, LaunchError, RunFailed
 from olmx.launch import TorchrunConfig
-from olmx.protocols import World
+from olmx.api import World
 
 #: RunPod's PyTorch image with olmx's torch pin (2.13.0). Why this tag: it is the CUDA 13.0
 #: build of RunPod's 1.2.0 image line (runpod/containers, official-templates/pytorch), and
@@ -591,7 +591,7 @@ def _wait_ended(look: Any, poll: float, timeout: float = 120.0) -> None:
 def shipped_data(plan: Any, cfg: RunPodConfig) -> dict[str, Path]:
     """The local data files shipped to the pods, by their name under the pod's ``infra.workdir``
     (``data/000-name``, in ``data.paths`` order); ConfigError above ``infra.ship_data_max_gb``."""
-    from olmx.build.data import text_files
+    from olmx.worker.data import text_files
 
     data = plan.config["data"]
     if not cfg.ship_data or data["name"] == "stdlib":

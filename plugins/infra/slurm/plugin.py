@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from olmx.errors import ConfigError, LaunchError, RunFailed
 from olmx.launch import TorchrunConfig, torchrun_env
-from olmx.protocols import World
+from olmx.api import World
 
 #: File in the run directory that records the submitted job.
 LAUNCH_FILE = "launch.json"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from olmx.errors import ConfigError
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 
 SHARDINGS = ("replicated", "1d", "2d")
 #: The official demo sizes each head's table at 5 x the tokenizer vocabulary (129280 * 5).

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Optional
 
 from olmx.errors import ConfigError
-from olmx.protocols import Contribution, World
+from olmx.api import Contribution, World
 
 GATINGS = ("softmax", "sigmoid")
 BACKENDS = ("auto", "portable", "olmo_core")

@@ -93,7 +93,7 @@ def test_long_context_recipe_resolves():
 def test_activation_checkpointing_modes():
     from olmo_core.train.train_module import TransformerActivationCheckpointingMode as Mode
 
-    from olmx.build.train import LONG_CONTEXT_AC_MODULES, activation_checkpointing_config
+    from olmx.worker.train import LONG_CONTEXT_AC_MODULES, activation_checkpointing_config
 
     assert refusal("trainer.activation_checkpointing=selected_ops") == \
         "trainer.activation_checkpointing: 'selected_ops' is not one of full, long_context, null"

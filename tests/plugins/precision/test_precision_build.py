@@ -15,7 +15,7 @@ VOCAB = 384
 
 
 def build(model: ModelConfig) -> nn.Module:
-    from olmx.build.model import build_model_config
+    from olmx.worker.model import build_model_config
 
     return build_model_config(model, vocab_size=VOCAB).build(init_device="meta")
 
@@ -38,7 +38,7 @@ def test_torch_free_layer_list_is_the_built_models():
 def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_layer_plugins(layers):
     """Layer plugins edit the torch-free list (``linear_layers``): MoE blocks lose the dense
     feed-forward and bring shared experts, Engram brings its projections (kept)."""
-    from olmx.build.model import build_model
+    from olmx.worker.model import build_model
     from olmx.config.compose import compose, to_object
     from olmx.plan.linears import model_linears
     from olmx.plan.resolve import resolve
@@ -128,7 +128,7 @@ def test_bf16_and_mxfp8_set_olmo_core_mixed_precision_fields():
     from olmo_core.distributed.parallel import DataParallelType
     from olmo_core.train.train_module import TransformerDataParallelConfig
 
-    from olmx.protocols import World
+    from olmx.api import World
     from olmx_plugins.precision.bf16 import BF16, BF16Config
     from olmx_plugins.precision.mxfp8 import MXFP8
 

@@ -6,7 +6,7 @@ import pytest
 
 from olmx.config.compose import compose, to_object
 from olmx.errors import ConfigError
-from olmx.protocols import World
+from olmx.api import World
 from olmx.registry import registry
 
 CPU2 = World(nnodes=1, nproc_per_node=2)

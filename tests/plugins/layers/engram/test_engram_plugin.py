@@ -156,7 +156,7 @@ def test_engram_extends_the_blocks_another_layer_plugin_placed(placement, listed
     named blocks or by block overrides; both train."""
     import torch
 
-    from olmx.build.model import build_model
+    from olmx.worker.model import build_model
     from olmx.config.compose import compose, to_object
     from olmx.plan.resolve import resolve
     from olmx.registry import registry

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from olmx.cli import app
 from olmx.errors import ConfigError
-from olmx.protocols import World
+from olmx.api import World
 from olmx_plugins.layers.moe.modules import convert_model_state_dict
 from olmx_plugins.layers.moe.plugin import MOE, MoEConfig, choose_backend
 

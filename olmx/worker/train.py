@@ -84,10 +84,10 @@ def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
     from olmo_core.train.callbacks import CheckpointerCallback, ConsoleLoggerCallback
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
-    from olmx.build.callbacks import OlmxMetricsCallback
-    from olmx.build.checkpoint import OlmxCheckpointerConfig
-    from olmx.build.data import token_files
-    from olmx.build.faults import fault_callbacks
+    from olmx.worker.callbacks import OlmxMetricsCallback
+    from olmx.worker.checkpoint import OlmxCheckpointerConfig
+    from olmx.worker.data import token_files
+    from olmx.worker.faults import fault_callbacks
 
     t, run_dir = run.trainer, Path(plan.run_dir)
     train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, run, reg)).build(model)
@@ -118,7 +118,7 @@ def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
         save_folder=str(run_dir / CHECKPOINTS),
         work_dir=str(run_dir / "work"),
         # olmx chooses and verifies the checkpoint to resume from and loads it itself
-        # (olmx.build.checkpoint.resume_from_verified); OLMo-core would take the newest on trust.
+        # (olmx.worker.checkpoint.resume_from_verified); OLMo-core would take the newest on trust.
         load_strategy=LoadStrategy.never,
         checkpointer=OlmxCheckpointerConfig(),
         save_overwrite=True,
@@ -135,7 +135,7 @@ def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
 def reset_run_dir(run_dir: str) -> None:
     """``trainer.resume=false``: remove earlier checkpoints, metrics and summary of this run dir
     (``events.jsonl`` keeps the history; a ``fresh`` record marks the new start)."""
-    from olmx.build.callbacks import SUMMARY_FILE, truncate_metrics
+    from olmx.worker.callbacks import SUMMARY_FILE, truncate_metrics
     from olmx.events import append_event
 
     shutil.rmtree(Path(run_dir) / CHECKPOINTS, ignore_errors=True)

@@ -171,7 +171,7 @@ class VerifiedCheckpointer(Checkpointer):
     def _save_metadata(self, dir: Any, metadata: Any) -> None:
         from olmo_core.distributed.utils import get_rank
 
-        from olmx.build.faults import inject
+        from olmx.worker.faults import inject
 
         ckpt = Path(str(dir))
         inject("killsave", _step_of(ckpt))

@@ -3,8 +3,8 @@
 Reads the saved plan (never composes config), sets up torch.distributed through OLMo-core,
 builds the model (layer plugins applied before parallelism), the train module (parallel and
 precision plugins applied) and the Trainer, resumes from the newest checkpoint that verifies
-(:mod:`olmx.build.checkpoint`), and trains. A stop signal or a non-finite step ends the run
-with a checkpoint (:mod:`olmx.build.faults`); how it ended goes to ``events.jsonl``.
+(:mod:`olmx.worker.checkpoint`), and trains. A stop signal or a non-finite step ends the run
+with a checkpoint (:mod:`olmx.worker.faults`); how it ended goes to ``events.jsonl``.
 """
 
 from __future__ import annotations
@@ -68,11 +68,11 @@ def _run(plan_path: str | Path) -> int:
     from olmo_core.distributed.utils import barrier, get_rank, get_world_size
     from olmo_core.train import prepare_training_environment, teardown_training_environment
 
-    from olmx.build.callbacks import truncate_metrics
-    from olmx.build.checkpoint import check_disk_space, resume_from_verified
-    from olmx.build.faults import agree_stop
-    from olmx.build.model import build_model
-    from olmx.build.train import build_trainer, reset_run_dir
+    from olmx.worker.callbacks import truncate_metrics
+    from olmx.worker.checkpoint import check_disk_space, resume_from_verified
+    from olmx.worker.faults import agree_stop
+    from olmx.worker.model import build_model
+    from olmx.worker.train import build_trainer, reset_run_dir
     from olmx.events import append_event
 
     backend = "gloo" if plan.world.device == "cpu" else "cpu:gloo,cuda:nccl"

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from olmx.build.data import stdlib_files, token_files
+from olmx.worker.data import stdlib_files, token_files
 from olmx.config.schema import DataConfig
 from tests.conftest import olmx_cli
 

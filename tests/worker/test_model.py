@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from olmx.build.model import build_model_config
+from olmx.worker.model import build_model_config
 from olmx.config.compose import conf_dir
 from olmx.config.schema import ModelConfig
 from olmx.plan.resolve import count_params
