@@ -112,11 +112,11 @@ def _build_variant(overrides: list[str]):
     reg = registry()
     run = to_object(compose(overrides, reg), reg)
     plan = resolve(run, reg)
-    model = build_model(plan, run, reg)
+    model = build_model(plan, reg)
     torch.manual_seed(run.trainer.seed)
     model.init_weights(device=torch.device("cpu"), max_seq_len=plan.batch.seq_len)
     model.apply_ddp(dp_mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
-    optim = train_module_kwargs(plan, run, reg)["optim"].build(model)
+    optim = train_module_kwargs(plan, reg)["optim"].build(model)
     if hasattr(model, "engram_inputs"):
         model.engram_inputs = _TimedInputs(model.engram_inputs)
     return model, optim, plan.batch.seq_len

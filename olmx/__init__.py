@@ -7,5 +7,7 @@ processes``; see ``docs`` in the repository and :mod:`olmx.cli`.
 __version__ = "0.1.0"
 
 #: Version of the plugin contract in :mod:`olmx.api`. A plugin declares the range it
-#: supports (``api = ">=1.0,<2"``); the registry refuses a plugin whose range excludes this.
-PLUGIN_API = "1.0"
+#: supports (``api = ">=2.0,<3"``); the registry refuses a plugin whose range excludes this.
+#: 2.0: base classes with hooks as code, hooks get ``(cfg, plan)`` or ``(cfg, ctx)``, the mesh
+#: and dtypes as capabilities (docs/plugins.md).
+PLUGIN_API = "2.0"

@@ -1,53 +1,52 @@
-"""The plugin contracts.
+"""The plugin contract (plugin API 2): base classes with documented no-op hooks.
 
-A plugin is one object, found through an entry point in one of the four groups of
-:data:`GROUPS`, with a ``name`` (the entry-point name, the Hydra option name and the config
-key are the same string), a one-line ``description``, the plugin API range ``api`` it
-supports (a PEP 440 specifier such as ``">=1.0,<2"``, checked against
-:data:`olmx.PLUGIN_API`), a dataclass ``Config`` (its config schema; every field documented)
-and the few methods of its kind below.
+A plugin is one object, an instance of the base class of its kind (:class:`LayerPlugin`,
+:class:`ParallelPlugin`, :class:`PrecisionPlugin`, :class:`InfraPlugin`), found through an
+entry point in one of the groups of :data:`GROUPS`. It has a ``name`` (the entry-point name,
+the Hydra option name and the config key are the same string), a one-line ``description``,
+the plugin API range ``api`` it supports (a PEP 440 specifier such as ``">=2.0,<3"``,
+checked against :data:`olmx.PLUGIN_API`), a dataclass ``Config`` (its config schema, every
+field documented) and overrides of the hooks it needs. The registry checks a plugin against
+its base class when it loads it; the core calls the hooks directly.
+
+Plugins never name each other. They meet through capabilities that the core computes once:
+
+* the :class:`Mesh` (resolve's first pass): parallel plugins claim mesh dimensions
+  (:meth:`ParallelPlugin.claim`, :meth:`ParallelPlugin.layout`), the core validates them once
+  against the world, as torchtitan's ``ParallelDims`` does. Everyone else reads
+  ``mesh.shards_params``, ``mesh.shards_sequence`` / ``mesh.cp``, ``mesh.ep``, ``mesh.dp``;
+* the :class:`Dtypes` (the precision plugin's :meth:`PrecisionPlugin.dtypes`): parameter /
+  compute and reduction dtypes, applied by the core (FSDP mixed precision where the mesh
+  shards parameters, ``torch.autocast`` elsewhere);
+* :attr:`LayerPlugin.experts` (a layer with experts takes ``mesh.ep``) and
+  :attr:`Contribution.own_mesh_params` (parameters on a mesh of their own: the core's
+  gradient clipping then takes the global norm across meshes).
+
+Resolve order: infra ``world``; parallel ``claim`` then the data-parallel strategy's
+``layout`` (-> :class:`Mesh`); precision ``dtypes``; then every plugin's ``resolve`` against
+the :class:`Context`, in :data:`KIND_ORDER` (parallel, precision, layers by ``order``).
+Decisions a plugin makes there go into :attr:`Contribution.decisions`, are saved in the plan
+and read back at build time (:meth:`Plugin.decided`), never recomputed.
 
 Importing a plugin's module must be cheap: no torch and no OLMo-core at module level (import
-them inside the ``apply_*``/``launch`` methods). ``resolve`` runs before anything is launched
-and must not import torch either; it checks the plugin's settings against the run and the
-world and raises :class:`olmx.errors.ConfigError` naming the field and the numbers.
-
-Optional hooks, called when a plugin has them (``cfg`` is the plugin's ``Config`` instance):
-
-* ``callbacks(cfg, plan) -> dict[str, Callback]`` (any kind): OLMo-core trainer callbacks
-  added to the run (e.g. MoE load statistics, Engram traffic).
-* ``apply_train_module(cfg, kwargs, plan)`` (layers too): edit the keyword arguments of
-  OLMo-core's ``TransformerTrainModuleConfig``; called for parallel, then precision, then layers.
-* ``apply_model(cfg, model, plan)`` (precision, parallel): edit the built model in place after
-  the layers did (float8 conversion; expert parallelism placing experts).
-* ``order: int`` (layers): where the plugin edits the model among the run's layer plugins,
-  lowest first (default :data:`DEFAULT_LAYER_ORDER`; ties keep the listed order). Plugins that
-  replace parts of a block (``moe``: 10) go before those that extend whatever block is there
-  (``engram``: 90), so the order a user lists them in does not matter.
-* ``linear_layers(cfg, run, layers) -> layers`` (layers): edit the torch-free list of the
-  model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) that precision plugins plan with.
-* ``dp_mesh(cfg, dp_ranks, world) -> dict[str, int]`` (the data-parallel strategy): how its
-  ranks split into mesh dimensions (``{"dp_replicate": 2, "dp_shard": 4}``).
-* ``commands() -> typer.Typer`` (infra): the ``olmx provision <name> ...`` sub-commands,
-  loaded only when invoked; an :class:`olmx.errors.OlmxError` they raise becomes one message
-  and its exit code, as everywhere in the CLI.
-* ``data_on_this_machine(cfg) -> bool`` (infra): False when ``data.paths`` name files on the
-  target's machines instead of this one, so the plan does not look for them here.
-* ``job_status(plan)``, ``job_logs(plan, lines)``, ``job_cancel(plan)`` (infra): what
-  ``olmx jobs status|logs|cancel RUN_DIR`` run for a run launched on this target.
+them inside the ``apply_*``/``launch`` hooks). ``claim``, ``layout``, ``dtypes`` and
+``resolve`` run before anything is launched or written, must not import torch, and raise
+:class:`olmx.errors.ConfigError` naming the field and the numbers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from olmx.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:
     from olmx.config.schema import RunConfig
     from olmx.plan import Plan
+    from olmx.plan.linears import LinearLayer
 
-#: Plugin kind -> entry-point group. The config group of a kind is its key's plural
-#: (``layers``, ``parallel``, ``precision``, ``infra``), see :data:`CONFIG_GROUPS`.
+#: Plugin kind -> entry-point group.
 GROUPS: dict[str, str] = {
     "layer": "olmx.layers",
     "parallel": "olmx.parallel",
@@ -55,16 +54,28 @@ GROUPS: dict[str, str] = {
     "infra": "olmx.infra",
 }
 
-#: ``order`` of a layer plugin that does not set one (see the module docstring).
-DEFAULT_LAYER_ORDER = 50
-
-#: Plugin kind -> Hydra config group holding its options.
+#: Plugin kind -> Hydra config group holding its options (and the RunConfig field).
 CONFIG_GROUPS: dict[str, str] = {
     "layer": "layers",
     "parallel": "parallel",
     "precision": "precision",
     "infra": "infra",
 }
+
+#: The order in which the core calls ``resolve``, ``apply_train_module`` and ``callbacks`` of
+#: a run's plugins, by kind (within ``layer``: by :attr:`LayerPlugin.order`). Parallel plugins
+#: set the train module's parallel configs, the precision plugin adds to them, layers last
+#: (optimizer groups of their own parameters).
+KIND_ORDER: tuple[str, ...] = ("parallel", "precision", "layer")
+
+#: ``order`` of a layer plugin that does not set one.
+DEFAULT_LAYER_ORDER = 50
+
+#: dtypes a precision plugin may choose for parameters/compute and reductions.
+DTYPES: tuple[str, ...] = ("bfloat16", "float32")
+
+#: Non-data-parallel mesh dimensions a parallel plugin may claim in :meth:`ParallelPlugin.claim`.
+CLAIMABLE_DIMS: dict[str, str] = {"cp": "context (sequence) parallel: each sequence sharded over this many ranks"}
 
 
 @dataclass(frozen=True)
@@ -88,89 +99,349 @@ class World:
         return self.nnodes * self.nproc_per_node
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How the data-parallel strategy lays out the data-parallel ranks (:meth:`ParallelPlugin.layout`)."""
+
+    #: Replica groups (each holds a full copy of the parameters, or of its shard group's).
+    replicate: int
+    #: Ranks one parameter is sharded over (1: not sharded).
+    shard: int = 1
+    #: Whether parameters, gradients and optimizer state are sharded (FSDP-like): a shard group
+    #: of size 1 still counts, it is FSDP on one rank.
+    shards_params: bool = False
+    #: Expert-parallel degree: experts of a layer with :attr:`LayerPlugin.experts` are split
+    #: over this many of the data-parallel ranks (1: no expert parallelism).
+    ep: int = 1
+    #: Show ``dp_replicate`` and ``dp_shard`` in the plan even where one of them is 1.
+    hybrid: bool = False
+    #: The config field that sets ``ep`` (``parallel.ddp_ep.degree``), named in messages.
+    ep_field: str = ""
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The run's device mesh and its capabilities, validated once against the world.
+
+    ``dp_replicate x dp_shard x cp`` ranks; experts (``ep``) are split over ``ep`` of the
+    ``dp_replicate x dp_shard`` data-parallel ranks (OLMo-core's and torchtitan's layout)."""
+
+    #: Replica groups of the data-parallel ranks.
+    dp_replicate: int = 1
+    #: Ranks one parameter is sharded over.
+    dp_shard: int = 1
+    #: Ranks that share one sequence (context / sequence parallelism).
+    cp: int = 1
+    #: Expert-parallel degree (within the data-parallel ranks).
+    ep: int = 1
+    #: Parameters, gradients and optimizer state are sharded (FSDP2-like data parallelism).
+    shards_params: bool = False
+    #: Show both data-parallel dimensions in the plan.
+    hybrid: bool = False
+    #: The config field that sets ``ep``, for messages (:attr:`Layout.ep_field`).
+    ep_field: str = ""
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks (each sees its own data)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def size(self) -> int:
+        """All ranks."""
+        return self.dp * self.cp
+
+    @property
+    def shards_sequence(self) -> bool:
+        """Each sequence is split over ``cp`` ranks: token-local layers see ``seq_len / cp``
+        positions per rank (:mod:`olmx.worker.halo` gives causal layers their left context)."""
+        return self.cp > 1
+
+    @property
+    def expert_parallel(self) -> bool:
+        """Experts are split over ``ep`` ranks."""
+        return self.ep > 1
+
+    def dims(self) -> dict[str, int]:
+        """The dimensions as the plan shows them (``{"dp": 4}``, ``{"dp_replicate": 2, "dp_shard": 2, "cp": 2}``)."""
+        out = ({"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard}
+               if self.hybrid or (self.dp_replicate > 1 and self.dp_shard > 1) else {"dp": self.dp})
+        if self.cp > 1:
+            out["cp"] = self.cp
+        if self.ep > 1:
+            out["ep"] = self.ep
+        return out
+
+    def expert_mesh_shape(self) -> tuple[int, int]:
+        """``(replicas, ep)``: the 2-D mesh experts are placed on (replicas of each EP group, the
+        EP group); consecutive ranks form an EP group."""
+        return self.size // self.ep, self.ep
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """What the precision plugin decided (:meth:`PrecisionPlugin.dtypes`); the core applies it.
+
+    Master weights and optimizer state are always float32."""
+
+    #: dtype parameters are computed in: where the mesh shards parameters, the dtype FSDP
+    #: all-gathers the float32 master shards into; elsewhere the ``torch.autocast`` dtype
+    #: (float32: no autocast).
+    param: str = "float32"
+    #: dtype of the gradient reduction across ranks (anything but float32 needs a mesh that
+    #: shards parameters: DDP all-reduces the float32 gradients of float32 parameters).
+    reduce: str = "float32"
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per activation element in the layers the precision plugin does not replace."""
+        return 4 if self.param == "float32" else 2
+
+
 @dataclass
 class Contribution:
     """What a plugin's ``resolve`` adds to the plan."""
 
     #: ``(label, value)`` rows shown under the plugin's name in the printed plan.
     rows: list[tuple[str, str]] = field(default_factory=list)
-    #: Device-mesh dimensions this plugin claims, e.g. ``{"dp_shard": 2}``.
-    mesh: dict[str, int] = field(default_factory=dict)
-    #: True for the strategy that keeps replicas in sync (ddp, fsdp, hsdp, ...): exactly one
-    #: is required when the world has more than one process.
-    data_parallel: bool = False
     #: Parameters this plugin adds to the model (layers), and how many of them are active
     #: for one token.
     params: int = 0
     active_params: int = 0
+    #: Decisions made here (plain data: str, int, float, bool, lists, dicts), saved in the plan
+    #: and read back at build time with :meth:`Plugin.decided` instead of being recomputed.
+    decisions: dict[str, Any] = field(default_factory=dict)
+    #: True when this plugin puts parameters on a device mesh of their own (experts sharded
+    #: over an EP mesh, row-sharded tables): OLMo-core's gradient clipping cannot mix meshes,
+    #: so the core clips with its own global norm across meshes (one clipping, in core).
+    own_mesh_params: bool = False
 
 
-@runtime_checkable
-class Plugin(Protocol):
-    """What every plugin has."""
+@dataclass(frozen=True)
+class Context:
+    """What a plugin's ``resolve`` checks against: the typed run, the world and what the
+    earlier passes decided."""
 
-    name: str
-    description: str
-    api: str
-    Config: ClassVar[type]
+    run: RunConfig
+    world: World
+    mesh: Mesh
+    dtypes: Dtypes
+    #: Model vocabulary (the tokenizer's, padded to a multiple of 128).
+    vocab_size: int
+    #: ``(plugin, cfg)`` of the run's layer plugins in the order they edit the model.
+    layers: tuple[tuple[LayerPlugin, Any], ...] = ()
+
+    def linear_layers(self) -> list[LinearLayer]:
+        """The ``nn.Linear`` layers the built model will have (dense model, edited by every
+        layer plugin's :meth:`LayerPlugin.linear_layers`), without torch."""
+        from olmx.plan.linears import dense_linears
+
+        layers = dense_linears(self.run.model, self.vocab_size)
+        for plugin, cfg in self.layers:
+            layers = plugin.linear_layers(cfg, self, layers)
+        return layers
+
+    def tokens_per_rank(self) -> tuple[int, str]:
+        """Tokens one rank's linear layers see per micro-batch (the sequence split over ``cp``),
+        and how they come about."""
+        t, seq = self.run.trainer, self.run.data.seq_len
+        how = f"trainer.micro_batch_size={t.micro_batch_size} x data.seq_len={seq}"
+        if self.mesh.cp > 1:
+            how += f" / context-parallel degree {self.mesh.cp}"
+        return t.micro_batch_size * seq // self.mesh.cp, how
+
+    def dtype_rows(self, compute_label: str = "compute") -> list[tuple[str, str]]:
+        """Plan rows saying which tensors are kept in which dtype under this mesh (how the core
+        applies :attr:`dtypes`); ``compute_label`` names what the compute rows are about."""
+        d, world = self.dtypes, self.world
+        rows = [("master weights, optimizer state", "float32")]
+        if self.mesh.shards_params:
+            return rows + [
+                (f"{compute_label} (all-gathered parameters)", d.param),
+                ("gradient reduction (reduce-scatter)", d.reduce),
+                ("gradients the optimizer sees", "float32 (sharded)"),
+                ("mechanism", f"OLMo-core dp_config.param_dtype={d.param}, reduce_dtype={d.reduce} "
+                              "(FSDP2 mixed-precision policy)"),
+            ]
+        if d.param == "float32":
+            rows.append((compute_label, "float32 (no autocast)"))
+        else:
+            rows.append((compute_label, f"{d.param} for autocast's lower-precision ops (linear, matmul, attention); "
+                                        "the rest as torch.autocast's op lists say"))
+        rows.append(("gradients, reduction", "float32" if world.size > 1 else "float32 (one process: no reduction)"))
+        rows.append(("mechanism", f"OLMo-core autocast_precision={d.param} (torch.autocast)" if d.param != "float32"
+                     else "none"))
+        return rows
 
 
-@runtime_checkable
-class LayerPlugin(Plugin, Protocol):
+class Plugin:
+    """What every plugin has. Subclass the base class of your kind, not this one."""
+
+    #: The plugin kind (set by each base class).
+    kind: ClassVar[str] = ""
+    #: Entry-point name = Hydra option = config key.
+    name: str = ""
+    #: One line for ``olmx plugins list``.
+    description: str = ""
+    #: Plugin API range this plugin supports (PEP 440 specifier).
+    api: str = ""
+    #: The config dataclass (every field documented).
+    Config: type = type(None)
+
+    @property
+    def section(self) -> str:
+        """The plugin's config key in the run: ``layers.moe``, ``parallel.fsdp``, ``infra``."""
+        return "infra" if self.kind == "infra" else f"{CONFIG_GROUPS[self.kind]}.{self.name}"
+
+    def resolve(self, cfg: Any, ctx: Context) -> Contribution:
+        """Check ``cfg`` against the run; plan rows, parameters and decisions. Default: nothing."""
+        return Contribution()
+
+    def apply_train_module(self, cfg: Any, train_module: dict[str, Any], plan: Plan) -> None:
+        """Edit the keyword arguments of OLMo-core's ``TransformerTrainModuleConfig`` (in
+        :data:`KIND_ORDER`). Default: nothing."""
+
+    def callbacks(self, cfg: Any, plan: Plan) -> dict[str, Any]:
+        """OLMo-core trainer callbacks this plugin adds (name -> ``Callback``). Default: none."""
+        return {}
+
+    def decided(self, plan: Plan) -> dict[str, Any]:
+        """The :attr:`Contribution.decisions` this plugin's ``resolve`` recorded in ``plan``."""
+        return plan.decisions.get(self.section, {})
+
+
+class LayerPlugin(Plugin):
     """Edits the model: its OLMo-core config, or the built model before parallelism."""
 
-    def resolve(self, cfg: Any, run: RunConfig, world: World) -> Contribution:
-        """Check ``cfg`` against the run; report added parameters and plan rows."""
+    kind = "layer"
+    #: Where the plugin edits the model among the run's layer plugins, lowest first (ties keep
+    #: the listed order). Plugins that replace parts of a block go before those that extend
+    #: whatever block is there, so the order a user lists them in does not matter.
+    order: ClassVar[int] = DEFAULT_LAYER_ORDER
+    #: The layer has experts and places them over ``mesh.ep`` ranks when the data-parallel
+    #: strategy asks for expert parallelism (it owns expert parallelism; exactly one such layer).
+    experts: ClassVar[bool] = False
+
+    def linear_layers(self, cfg: Any, ctx: Context, layers: list[LinearLayer]) -> list[LinearLayer]:
+        """The model's ``nn.Linear`` layers after this plugin's edits (torch-free,
+        :mod:`olmx.plan.linears`), which precision plugins plan with. Default: unchanged."""
+        return layers
 
     def apply_model_config(self, cfg: Any, model_config: Any, plan: Plan) -> Any:
-        """Return the OLMo-core ``TransformerConfig`` edited for this layer type."""
+        """Return the OLMo-core ``TransformerConfig`` edited for this layer. Default: unchanged."""
+        return model_config
 
     def apply_model(self, cfg: Any, model: Any, plan: Plan) -> None:
-        """Edit the built model in place. Called before activation checkpointing,
-        compile and data parallelism, in the order OLMo-core's ``parallelize_model`` uses."""
+        """Edit the built (meta-device) model in place, before activation checkpointing,
+        compile and data parallelism, in the order OLMo-core's ``parallelize_model`` uses.
+        Default: nothing."""
 
 
-@runtime_checkable
-class ParallelPlugin(Plugin, Protocol):
-    """A parallel strategy: fills its part of OLMo-core's train-module config."""
+class ParallelPlugin(Plugin):
+    """A parallel strategy: claims mesh dimensions and fills its part of OLMo-core's
+    train-module config (``dp_config``, ``cp_config``, ...)."""
 
-    def resolve(self, cfg: Any, run: RunConfig, world: World) -> Contribution:
-        """Check degrees against the world and the model; claim mesh dimensions."""
+    kind = "parallel"
+    #: True for the strategy that keeps replicas in sync (ddp, fsdp, ...): it lays out the
+    #: data-parallel ranks (:meth:`layout`); exactly one is needed when the world has more
+    #: than one data-parallel rank.
+    data_parallel: ClassVar[bool] = False
 
-    def apply_train_module(self, cfg: Any, train_module: dict[str, Any], plan: Plan) -> None:
-        """Set ``dp_config`` / ``cp_config`` / ``ep_config`` ... in the keyword arguments of
-        OLMo-core's ``TransformerTrainModuleConfig``."""
+    def claim(self, cfg: Any, run: RunConfig, world: World) -> dict[str, int]:
+        """Non-data-parallel mesh dimensions this strategy takes (keys of
+        :data:`CLAIMABLE_DIMS`, e.g. ``{"cp": 2}``); they multiply into the world, the
+        data-parallel strategy lays out the ranks left. Check the strategy's own settings
+        here. Default: none."""
+        return {}
+
+    def layout(self, cfg: Any, dp_ranks: int, world: World) -> Layout:
+        """(Data-parallel strategies) how the ``dp_ranks`` data-parallel ranks are laid out.
+        Default: plain replicas."""
+        return Layout(replicate=dp_ranks)
+
+    def apply_model(self, cfg: Any, model: Any, plan: Plan) -> None:
+        """Edit the built model in place after the layer and precision plugins (e.g. wrap the
+        attention for sequence parallelism). Default: nothing."""
 
 
-@runtime_checkable
-class PrecisionPlugin(Plugin, Protocol):
-    """A precision backend: autocast, parameter / reduce dtypes, float8 configs."""
+class PrecisionPlugin(Plugin):
+    """A precision backend: its dtypes, and module swaps such as FP8 linear layers."""
 
-    def resolve(self, cfg: Any, run: RunConfig, world: World) -> Contribution:
-        """Check the hardware and the model; state what is kept in which dtype."""
+    kind = "precision"
 
-    def apply_train_module(self, cfg: Any, train_module: dict[str, Any], plan: Plan) -> None:
-        """Set the precision fields of the train-module keyword arguments."""
+    def dtypes(self, cfg: Any, run: RunConfig, world: World, mesh: Mesh) -> Dtypes:
+        """Parameter/compute and reduction dtypes for this mesh (the core checks and applies
+        them). Default: float32 throughout."""
+        return Dtypes()
+
+    def apply_model(self, cfg: Any, model: Any, plan: Plan) -> None:
+        """Edit the built model after the layer plugins, before any parallelism (where
+        OLMo-core's ``parallelize_model`` applies ``float8_config``). Default: nothing."""
 
 
-@runtime_checkable
-class InfraPlugin(Plugin, Protocol):
+class InfraPlugin(Plugin):
     """Starts the processes of a finished plan; never composes config again."""
 
+    kind = "infra"
+
     def world(self, cfg: Any) -> World:
-        """The processes the run will have with these settings."""
+        """The processes the run will have with these settings (check them here)."""
+        raise NotImplementedError
 
-    def dry_run(self, plan: Plan) -> str:
+    def dry_run(self, cfg: Any, plan: Plan) -> str:
         """Exactly what :meth:`launch` would run (commands, scripts, request bodies)."""
+        raise NotImplementedError
 
-    def launch(self, plan: Plan) -> int:
-        """Start the run, follow it until it ends, and return its exit code."""
+    def launch(self, cfg: Any, plan: Plan) -> int:
+        """Start the run, follow it until it ends (or until it is detached), and return its
+        exit code."""
+        raise NotImplementedError
+
+    def data_on_this_machine(self, cfg: Any) -> bool:
+        """False when ``data.paths`` name files on the target's machines instead of this one,
+        so the plan does not look for them here. Default: True."""
+        return True
+
+    def reports_here(self, cfg: Any) -> bool:
+        """Whether the ``olmx train`` that launched the run writes its report when the launch
+        returns: False for a detached job (it has not run yet) and for all but one launcher of
+        a run. Default: True."""
+        return True
+
+    def commands(self) -> Any:
+        """A ``typer.Typer`` of ``olmx provision <name> ...`` sub-commands (loaded only when
+        invoked), or None. An :class:`olmx.errors.OlmxError` they raise becomes one message."""
+        return None
+
+    def job_status(self, cfg: Any, plan: Plan) -> str:
+        """``olmx jobs status RUN_DIR``: where the launched run is."""
+        raise LaunchError(f"runs on infra '{self.name}' are followed by the olmx train that started them")
+
+    def job_logs(self, cfg: Any, plan: Plan, lines: int) -> str:
+        """``olmx jobs logs RUN_DIR``: the last ``lines`` lines of the run's log."""
+        raise LaunchError(f"runs on infra '{self.name}' are followed by the olmx train that started them")
+
+    def job_cancel(self, cfg: Any, plan: Plan) -> None:
+        """``olmx jobs cancel RUN_DIR``: cancel the launched run."""
+        raise LaunchError(f"runs on infra '{self.name}' are followed by the olmx train that started them")
 
 
-#: Methods each kind must have, checked when a plugin is loaded.
-REQUIRED_METHODS: dict[str, tuple[str, ...]] = {
-    "layer": ("resolve", "apply_model_config", "apply_model"),
-    "parallel": ("resolve", "apply_train_module"),
-    "precision": ("resolve", "apply_train_module"),
-    "infra": ("world", "dry_run", "launch"),
-}
+#: Plugin kind -> its base class.
+BASES: dict[str, type[Plugin]] = {"layer": LayerPlugin, "parallel": ParallelPlugin, "precision": PrecisionPlugin,
+                                  "infra": InfraPlugin}
+#: Hooks a plugin of each kind must override (the others have working defaults).
+REQUIRED_HOOKS: dict[str, tuple[str, ...]] = {"layer": (), "parallel": (), "precision": (),
+                                              "infra": ("world", "dry_run", "launch")}
+
+
+def check_dtypes(dtypes: Dtypes, *, mesh: Mesh, world: World, field_prefix: str) -> None:
+    """The core's check of a precision plugin's :class:`Dtypes` against the mesh."""
+    for key, value in (("param_dtype", dtypes.param), ("reduce_dtype", dtypes.reduce)):
+        if value not in DTYPES:
+            raise ConfigError(f"{field_prefix}.{key}", f"'{value}' is not one of {', '.join(DTYPES)}")
+    if dtypes.reduce != "float32" and not mesh.shards_params and world.size > 1:
+        raise ConfigError(f"{field_prefix}.reduce_dtype",
+                          f"{dtypes.reduce} reduction needs a data-parallel strategy that shards parameters "
+                          f"(parallel=[fsdp] or [hsdp]): without sharding the parameters stay float32 and their float32 "
+                          f"gradients are all-reduced")
+

@@ -74,18 +74,16 @@ def train(
         out.print(config_yaml(run), markup=False)
         print_plan(plan)
         out.print("\n# launch", style="bold")
-        out.print(infra.dry_run(plan), markup=False)
+        out.print(infra.dry_run(plan.infra, plan), markup=False)
         return
     print_plan(plan)
     if plan.resume_step is not None:
         out.print(f"[bold green]Resuming[/] from the checkpoint at step {plan.resume_step} in {plan.run_dir}")
     plan.save()
     try:
-        rc = infra.launch(plan)
+        rc = infra.launch(plan.infra, plan)
     finally:
-        infra_cfg = plan.config["infra"]
-        # Not for a detached job (it has not run yet), and once per run: by node 0's launcher.
-        if run.trainer.report and not infra_cfg.get("detach", False) and not infra_cfg.get("node_rank", 0):
+        if run.trainer.report and infra.reports_here(plan.infra):
             end_of_run_report(plan.run_dir)
     if rc:
         raise typer.Exit(rc)
@@ -246,7 +244,7 @@ def report(
 def jobs_status(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:
     """Where a launched run is: the infra's job state and the last metrics record."""
     infra, plan = _launched(run_dir)
-    out.print(infra.job_status(plan), markup=False)
+    out.print(infra.job_status(plan.infra, plan), markup=False)
 
 
 @jobs_app.command("logs")
@@ -255,7 +253,7 @@ def jobs_logs(run_dir: Path = typer.Argument(..., help="The run directory."),
               lines: int = typer.Option(40, "--lines", "-n", help="How many lines from the end.")) -> None:
     """The end of a launched run's log."""
     infra, plan = _launched(run_dir)
-    out.print(infra.job_logs(plan, lines), markup=False)
+    out.print(infra.job_logs(plan.infra, plan, lines), markup=False)
 
 
 @jobs_app.command("cancel")
@@ -263,24 +261,22 @@ def jobs_logs(run_dir: Path = typer.Argument(..., help="The run directory."),
 def jobs_cancel(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:
     """Cancel a launched run (it can resume later from its last checkpoint)."""
     infra, plan = _launched(run_dir)
-    infra.job_cancel(plan)
+    infra.job_cancel(plan.infra, plan)
     out.print(f"cancelled the run in {plan.run_dir}")
 
 
 def _launched(run_dir: Path) -> tuple[Any, Any]:
     from olmx.errors import ConfigError
-    from olmx.plan import PLAN_FILE, Plan
+    from olmx.plan import Plan
     from olmx.registry import registry
+    from olmx.rundir import PLAN_FILE, RunDir
 
-    path = run_dir / PLAN_FILE
+    path = RunDir(run_dir).plan
     if not path.is_file():
         raise ConfigError("RUN_DIR", f"'{run_dir}' holds no {PLAN_FILE}: not a launched olmx run")
-    plan = Plan.load(path)
-    name = plan.config["infra"]["name"]
-    infra = registry().get("infra", name)
-    if not callable(getattr(infra, "job_status", None)):
-        raise ConfigError("RUN_DIR", f"runs on infra '{name}' are followed by the olmx train that started them")
-    return infra, plan
+    reg = registry()
+    plan = Plan.load(path, reg)
+    return reg.get("infra", plan.run.infra_name), plan
 
 
 class ProvisionGroup(typer.core.TyperGroup):
@@ -297,11 +293,10 @@ class ProvisionGroup(typer.core.TyperGroup):
         from olmx.registry import registry
 
         try:
-            plugin = registry().get("infra", name)
-            factory = getattr(plugin, "commands", None)
-            if factory is None:
+            group = registry().get("infra", name).commands()
+            if group is None:
                 return None
-            return _guard_all(typer.main.get_group(factory()))
+            return _guard_all(typer.main.get_group(group))
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the CLI down
             message = str(exc) if isinstance(exc, PluginError) else (
                 f"infra plugin '{name}' failed to build its commands: {type(exc).__name__}: {exc}")

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-EVENTS_FILE = "events.jsonl"
+from olmx.rundir import RunDir
+
 #: Environment variable naming the launch whose processes write events.
 LAUNCH_ENV = "OLMX_LAUNCH_ID"
 
@@ -42,7 +43,7 @@ def append_event(run_dir: str | Path, event: str, **fields: Any) -> dict[str, An
     if launch:
         record["launch"] = launch
     record.update(fields)
-    path = Path(run_dir) / EVENTS_FILE
+    path = RunDir(run_dir).events
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab+") as f:
         torn = f.seek(0, os.SEEK_END) > 0 and f.seek(-1, os.SEEK_END) >= 0 and f.read(1) != b"\n"
@@ -53,7 +54,7 @@ def append_event(run_dir: str | Path, event: str, **fields: Any) -> dict[str, An
 def read_events(run_dir: str | Path, *, launch: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
     """The records of the run (of one launch if ``launch`` is given, written at or after the
     Unix time ``since`` if given); a torn last line is skipped."""
-    path = Path(run_dir) / EVENTS_FILE
+    path = RunDir(run_dir).events
     if not path.exists():
         return []
     out = []

@@ -1,5 +1,4 @@
-"""Tools for plugin authors: scaffold a package, check one before installing it, and add the
-YAML presets that installed packages contribute to Hydra's search path.
+"""Tools for plugin authors: scaffold a package and check one before installing it.
 
 * :func:`new_plugin` (``olmx plugins new NAME --kind K``) renders ``templates/plugin/`` into a
   complete package: ``pyproject.toml`` with its entry points (each line written by
@@ -9,8 +8,9 @@ YAML presets that installed packages contribute to Hydra's search path.
   with entry-points-txt, imports the plugin objects in a separate Python process (the
   package's source or the unpacked wheel first on ``sys.path``; nothing is installed) and
   reports every problem in a table.
-* :func:`conf_search_paths` turns the ``olmx.conf`` entry points (``name = package.conf``)
-  into Hydra search-path entries without importing any plugin code.
+
+The YAML presets that installed packages contribute reach Hydra through
+:mod:`olmx.config.search_path`.
 
 Nothing here imports torch, OLMo-core or a plugin in the calling process.
 """
@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 from olmx import PLUGIN_API, __version__
 from olmx.errors import ConfigError
 from olmx.api import CONFIG_GROUPS, GROUPS
+from olmx.config.search_path import CONF_GROUP
 
 if TYPE_CHECKING:
     from olmx.registry import Registry
 
 #: Entry-point group of packages holding Hydra YAML (``conf/<group>/<option>.yaml``).
-CONF_GROUP = "olmx.conf"
 #: Every ``olmx.*`` entry-point group olmx reads.
 KNOWN_GROUPS: tuple[str, ...] = (*GROUPS.values(), CONF_GROUP)
 #: The plugin API range a new plugin declares: this API up to the next major version.
@@ -146,57 +146,6 @@ def new_plugin(name: str, *, kind: str, directory: Path | None = None) -> Path:
             dest.write_text(env.from_string(text).render(context) if src.suffix == ".j2" else text,
                             encoding="utf-8")
     return target
-
-
-# ----------------------------------------------------------------------------- conf search path
-
-
-def conf_search_paths() -> list[str]:
-    """Hydra search-path entries of every installed ``olmx.conf`` entry point, in discovery
-    order, skipping duplicates, values that are not a package name and packages that
-    ``OLMX_PLUGINS`` leaves out (by entry-point or distribution name).
-
-    The package is located without importing it (so a broken plugin cannot break
-    composition): a ``file://`` path when its directory is found on ``sys.path``, else
-    ``pkg://package`` (Hydra then imports it when it composes).
-    """
-    from importlib import metadata
-
-    from olmx.registry import _allowed, _module_source
-
-    allowed = _allowed()
-    paths: list[str] = []
-    for ep in metadata.entry_points(group=CONF_GROUP):
-        value = ep.value.strip()
-        if ":" in value or not all(p.isidentifier() for p in value.split(".")):
-            continue
-        if allowed is not None and ep.name not in allowed and (ep.dist is None or ep.dist.name not in allowed):
-            continue
-        init = _module_source(value)
-        path = f"file://{init.parent}" if init is not None and init.name == "__init__.py" else f"pkg://{value}"
-        if path not in paths:
-            paths.append(path)
-    return paths
-
-
-def with_conf_search_paths(overrides: list[str]) -> list[str]:
-    """``overrides`` with the plugin YAML packages added to ``hydra.searchpath`` (merged into a
-    ``hydra.searchpath=[...]`` override the user gave, which Hydra would otherwise let win)."""
-    paths = conf_search_paths()
-    if not paths:
-        return list(overrides)
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    rest: list[str] = []
-    for o in overrides:
-        if o.split("=", 1)[0].strip() == "hydra.searchpath":
-            value = OverridesParser.create().parse_override(o).value()
-            if isinstance(value, list):
-                paths = [str(v) for v in value] + [p for p in paths if p not in value]
-                continue
-        rest.append(o)
-    quoted = ",".join("'" + p.replace("\\", "\\\\").replace("'", "\\'") + "'" for p in paths)
-    return [f"hydra.searchpath=[{quoted}]", *rest]
 
 
 # ----------------------------------------------------------------------------- check

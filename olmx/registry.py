@@ -24,7 +24,7 @@ from typing import Any
 
 from olmx import PLUGIN_API
 from olmx.errors import PluginError
-from olmx.api import GROUPS, REQUIRED_METHODS
+from olmx.api import BASES, GROUPS, REQUIRED_HOOKS
 
 FIRST_PARTY_DIST = "olmx"
 
@@ -213,10 +213,8 @@ class Registry:
         """``(name, plugin, cfg)`` of the run's layer plugins in the order they edit the model:
         by the plugin's ``order`` (default :data:`olmx.api.DEFAULT_LAYER_ORDER`), then as
         listed. So ``layers=[engram,moe]`` builds the same model as ``layers=[moe,engram]``."""
-        from olmx.api import DEFAULT_LAYER_ORDER
-
         plugins = [(name, self.get("layer", name), cfg) for name, cfg in layers.items()]
-        return sorted(plugins, key=lambda item: getattr(item[1], "order", DEFAULT_LAYER_ORDER))
+        return sorted(plugins, key=lambda item: item[1].order)
 
     def load_all(self, kind: str | None = None) -> dict[tuple[str, str], Any]:
         """Load every usable plugin (of one kind); failures become broken entries."""
@@ -244,19 +242,52 @@ class Registry:
 
 
 def _check_protocol(entry: PluginEntry, obj: Any) -> tuple[str, str] | None:
+    """Why ``obj`` is not a usable plugin of its entry's kind (None: it is)."""
     for attr in ("name", "description", "api", "Config"):
         if not hasattr(obj, attr):
-            return "broken", f"missing attribute '{attr}' of the {entry.kind} plugin protocol"
+            return "broken", f"missing attribute '{attr}' of the {entry.kind} plugin contract"
+    if not isinstance(obj.api, str) or not _api_compatible(obj.api):
+        return "incompatible", f"plugin supports olmx plugin API '{obj.api}', this olmx has {PLUGIN_API}"
+    base = BASES[entry.kind]
+    if not isinstance(obj, base):
+        return "broken", f"not an instance of olmx.api.{base.__name__} (the {entry.kind} plugin contract)"
     if obj.name != entry.name:
         return "broken", f"object is named '{obj.name}' but registered as '{entry.name}'"
     if not (isinstance(obj.Config, type) and dataclasses.is_dataclass(obj.Config)):
         return "broken", "Config must be a dataclass"
-    missing = [m for m in REQUIRED_METHODS[entry.kind] if not callable(getattr(obj, m, None))]
+    missing = [h for h in REQUIRED_HOOKS[entry.kind] if getattr(type(obj), h) is getattr(base, h)]
     if missing:
-        return "broken", f"missing method(s) {', '.join(missing)} of the {entry.kind} plugin protocol"
-    if not isinstance(obj.api, str) or not _api_compatible(obj.api):
-        return "incompatible", f"plugin supports olmx plugin API '{obj.api}', this olmx has {PLUGIN_API}"
+        return "broken", f"does not implement {', '.join(missing)} of the {entry.kind} plugin contract"
+    wrong = _wrong_signatures(obj, base)
+    if wrong:
+        return "broken", "hook(s) with the wrong parameters: " + "; ".join(wrong)
     return None
+
+
+def _wrong_signatures(obj: Any, base: type) -> list[str]:
+    """Overridden hooks whose positional parameters differ in number from the base class's."""
+    import inspect
+
+    def positional(fn: Any) -> int | None:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        if any(p.kind is p.VAR_POSITIONAL for p in params):
+            return None
+        return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
+
+    out, seen = [], set()
+    hooks = [(hook, ref) for klass in base.__mro__ if klass is not object for hook, ref in vars(klass).items()]
+    for hook, ref in hooks:
+        mine = getattr(type(obj), hook, None)
+        if hook in seen or hook.startswith("_") or not callable(ref) or mine is None or mine is ref:
+            continue
+        seen.add(hook)
+        want, got = positional(ref), positional(mine)
+        if want is not None and got is not None and want != got:
+            out.append(f"{hook} takes {got - 1} argument(s), the contract passes {want - 1}")
+    return out
 
 
 @lru_cache(maxsize=1)

@@ -29,6 +29,7 @@ from typing import Any
 
 from olmx.errors import ConfigError
 from olmx.events import read_events
+from olmx.rundir import RunDir
 
 REPORT_DIR = "report"
 PLOTS = ("loss", "lr", "throughput", "memory")
@@ -38,7 +39,6 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200", 989e12), ("H100", 989e12), ("GH200", 989e12),
     ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("L4", 121e12),
 )
-HALF_PRECISIONS = ("bf16", "mxfp8")
 
 
 @dataclass
@@ -59,12 +59,13 @@ def load_run(run_dir: str | Path) -> RunData:
     import yaml
 
     path = Path(run_dir).expanduser()
-    plan_path = path / "plan.yaml"
+    rd = RunDir(path)
+    plan_path = rd.plan
     if not plan_path.is_file():
         raise ConfigError("RUN_DIR", f"'{path}' is not an olmx run directory (it has no plan.yaml)")
     plan = yaml.safe_load(plan_path.read_text())
     records = []
-    metrics = path / "metrics.jsonl"
+    metrics = rd.metrics
     if metrics.exists():
         for line in metrics.read_text(errors="replace").splitlines():
             try:
@@ -72,9 +73,9 @@ def load_run(run_dir: str | Path) -> RunData:
             except ValueError:
                 continue
     summary = None
-    if (path / "summary.json").is_file():
+    if rd.summary.is_file():
         try:
-            summary = json.loads((path / "summary.json").read_text())
+            summary = json.loads(rd.summary.read_text())
         except ValueError:
             summary = None
     events = read_events(path)
@@ -89,9 +90,10 @@ def config_digest(plan: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(plan["config"], sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def peak_flops(device_name: str, precision: str) -> float | None:
-    """Dense peak FLOP/s of one device for the run's precision (None where unknown)."""
-    if precision not in HALF_PRECISIONS:
+def peak_flops(device_name: str, compute_dtype: str) -> float | None:
+    """Dense peak FLOP/s of one device for the run's compute dtype (the plan's
+    ``dtypes.param``; None where unknown: the table holds 16-bit tensor-core peaks)."""
+    if compute_dtype == "float32":
         return None
     for fragment, flops in PEAK_BF16_FLOPS:
         if fragment in device_name:
@@ -189,7 +191,7 @@ def summarize(run: RunData) -> dict[str, str]:
     else:
         tps = fmt(_median([r.get("tokens_per_s_per_process") for r in records]), ",.0f")
     flops = _median([r.get("flops_per_s_per_device") for r in records])
-    peak = peak_flops(world.get("device_name", ""), precision)
+    peak = peak_flops(world.get("device_name", ""), (plan.get("dtypes") or {}).get("param", "float32"))
     mfu = f"{100 * flops / peak:.3g}%" if flops and peak else f"- (peak of '{world.get('device_name')}' " \
         f"with {precision} unknown)"
     memory = ", ".join(fmt(p.get("peak_mem_mib"), ",.0f") for p in procs) if procs else \

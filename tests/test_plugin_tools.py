@@ -15,14 +15,8 @@ from pathlib import Path
 import pytest
 
 from olmx.errors import ConfigError
-from olmx.plugin_tools import (
-    check_plugin,
-    conf_search_paths,
-    entry_point_toml,
-    new_plugin,
-    plugin_names,
-    with_conf_search_paths,
-)
+from olmx.config.search_path import conf_search_paths, with_conf_search_paths
+from olmx.plugin_tools import check_plugin, entry_point_toml, new_plugin, plugin_names
 from tests.conftest import make_dist, olmx_cli
 
 KINDS = ("layer", "parallel", "precision", "infra")
@@ -115,7 +109,7 @@ def test_skeleton_is_a_complete_package(skeletons, kind):
     assert project["dependencies"] == ["olmx>=0.1"]
     assert project["entry-points"] == {GROUPS[kind]: {f"my_{kind}": f"{module}.plugin:MY_{kind.upper()}"},
                                        "olmx.conf": {f"my_{kind}": f"{module}.conf"}}
-    assert 'api = ">=1.0,<2"' in (path / module / "plugin.py").read_text()
+    assert 'api = ">=2.0,<3"' in (path / module / "plugin.py").read_text()
 
 
 def test_skeletons_pass_their_own_tests_once_installed(skeletons):
@@ -171,19 +165,19 @@ def test_installed_skeleton_is_used_by_train_dry_run(skeletons, tmp_path):
 LAYER = """
     '''A third-party layer.'''
     from dataclasses import dataclass
-    from olmx.api import Contribution
+    from olmx.api import Contribution, LayerPlugin
 
     @dataclass
     class Cfg:
         #: a knob
         width: int = 3
 
-    class Thing:
+    class Thing(LayerPlugin):
         name = "thing"
         description = "A third-party layer."
-        api = ">=1.0,<2"
+        api = ">=2.0,<3"
         Config = Cfg
-        def resolve(self, cfg, run, world): return Contribution(params=cfg.width)
+        def resolve(self, cfg, ctx): return Contribution(params=cfg.width)
         def apply_model_config(self, cfg, model_config, plan): return model_config
         def apply_model(self, cfg, model, plan): pass
 
@@ -233,15 +227,18 @@ DEFECTS = {
     "missing object": (dict(entry_points=ENTRY.replace(":PLUGIN", ":PLUGGIN")),
                        "AttributeError: module 'thing_mod' has no attribute 'PLUGGIN'"),
     "not a plugin object": (dict(module="PLUGIN = 42\n"),
-                            "missing attribute 'name' of the layer plugin protocol"),
-    "missing method": (dict(module=LAYER.replace("def apply_model(self, cfg, model, plan): pass", "")),
-                       "missing method(s) apply_model of the layer plugin protocol"),
+                            "missing attribute 'name' of the layer plugin contract"),
+    "not a LayerPlugin": (dict(module=LAYER.replace("class Thing(LayerPlugin):", "class Thing:")),
+                          "not an instance of olmx.api.LayerPlugin (the layer plugin contract)"),
+    "hook with the wrong parameters": (dict(module=LAYER.replace("def apply_model(self, cfg, model, plan)",
+                                                                 "def apply_model(self, cfg, model)")),
+                                       "apply_model takes 2 argument(s), the contract passes 3"),
     "name differs from entry point": (dict(module=LAYER.replace('name = "thing"', 'name = "other"')),
                                       "object is named 'other' but registered as 'thing'"),
     "config not a dataclass": (dict(module=LAYER.replace("Config = Cfg", "Config = dict")),
                                "Config must be a dataclass"),
-    "incompatible plugin API": (dict(module=LAYER.replace('api = ">=1.0,<2"', 'api = ">=2.0"')),
-                                "olmx.layers:thing: plugin supports olmx plugin API '>=2.0', this olmx has 1.0"),
+    "incompatible plugin API": (dict(module=LAYER.replace('api = ">=2.0,<3"', 'api = ">=3.0"')),
+                                "olmx.layers:thing: plugin supports olmx plugin API '>=3.0', this olmx has 2.0"),
     "clash with a first-party plugin": (
         dict(entry_points=ENTRY.replace("olmx.layers", "olmx.parallel").replace("thing =", "ddp ="),
              module=LAYER.replace('name = "thing"', 'name = "ddp"')),
@@ -313,8 +310,8 @@ def build_wheel(root: Path, *, entry_points: str = "[olmx.layers]\nthing = thing
 def test_check_reads_a_wheel_without_installing_it(tmp_path):
     assert check_plugin(str(build_wheel(tmp_path))) == []
     assert "thing_mod" not in sys.modules
-    broken = build_wheel(tmp_path, module=LAYER.replace('api = ">=1.0,<2"', 'api = "<1.0"'))
-    assert check_plugin(str(broken)) == ["olmx.layers:thing: plugin supports olmx plugin API '<1.0', this olmx has 1.0"]
+    broken = build_wheel(tmp_path, module=LAYER.replace('api = ">=2.0,<3"', 'api = "<1.0"'))
+    assert check_plugin(str(broken)) == ["olmx.layers:thing: plugin supports olmx plugin API '<1.0', this olmx has 2.0"]
 
 
 def test_check_reads_an_installed_distribution_by_name(plugin_site):
@@ -330,7 +327,7 @@ def test_check_command_prints_a_table_and_sets_the_exit_code(tmp_path):
     proc = olmx_cli("plugins", "check", str(good))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "olmx plugins check: olmx-thing 0.1.0" in proc.stdout and "all checks passed" in proc.stdout
-    bad = write_package(tmp_path / "bad", module=LAYER.replace('api = ">=1.0,<2"', 'api = ">=2.0"'))
+    bad = write_package(tmp_path / "bad", module=LAYER.replace('api = ">=2.0,<3"', 'api = ">=3.0"'))
     proc = olmx_cli("plugins", "check", str(bad))
     assert proc.returncode == 1
     assert "FAIL" in proc.stdout and "1 problem(s); nothing was installed." in proc.stdout

@@ -13,19 +13,19 @@ from tests.conftest import make_dist
 GOOD = """
     '''A good third-party layer.'''
     from dataclasses import dataclass
-    from olmx.api import Contribution
+    from olmx.api import Contribution, LayerPlugin
 
     @dataclass
     class Cfg:
         #: a knob
         width: int = 3
 
-    class Good:
+    class Good(LayerPlugin):
         name = "good"
         description = "A good third-party layer."
-        api = ">=1.0,<2"
+        api = ">=2.0,<3"
         Config = Cfg
-        def resolve(self, cfg, run, world): return Contribution(params=cfg.width)
+        def resolve(self, cfg, ctx): return Contribution(params=cfg.width)
         def apply_model_config(self, cfg, model_config, plan): return model_config
         def apply_model(self, cfg, model, plan): pass
 
@@ -63,8 +63,11 @@ def test_listing_imports_no_plugin_module(plugin_site):
         ("import this_dependency_is_not_installed\n", "broken", "ModuleNotFoundError"),
         ("raise RuntimeError('boom at load')\n", "broken", "boom at load"),
         ("PLUGIN = 42\n", "broken", "missing attribute 'name'"),
-        (GOOD.replace('api = ">=1.0,<2"', 'api = ">=2.0"'), "incompatible", "supports olmx plugin API '>=2.0'"),
-        (GOOD.replace("def apply_model(self, cfg, model, plan): pass", ""), "broken", "missing method(s) apply_model"),
+        (GOOD.replace('api = ">=2.0,<3"', 'api = ">=3.0"'), "incompatible", "supports olmx plugin API '>=3.0'"),
+        (GOOD.replace('api = ">=2.0,<3"', 'api = ">=1.0,<2"'), "incompatible", "supports olmx plugin API '>=1.0,<2'"),
+        (GOOD.replace("class Good(LayerPlugin):", "class Good:"), "broken", "not an instance of olmx.api.LayerPlugin"),
+        (GOOD.replace("def resolve(self, cfg, ctx)", "def resolve(self, cfg, run, world)"), "broken",
+         "resolve takes 3 argument(s), the contract passes 2"),
         (GOOD.replace('name = "good"', 'name = "other"'), "broken", "registered as 'good'"),
         (GOOD.replace("Config = Cfg", "Config = dict"), "broken", "Config must be a dataclass"),
     ],
@@ -118,20 +121,21 @@ def test_an_infra_plugin_whose_commands_fail_leaves_provision_working(plugin_sit
     source = """
         '''An infra target whose provision commands cannot be built.'''
         from dataclasses import dataclass
+        from olmx.api import InfraPlugin
 
         @dataclass
         class Cfg:
             #: a knob
             n: int = 1
 
-        class Broken:
+        class Broken(InfraPlugin):
             name = "brokeninfra"
             description = "An infra target whose provision commands cannot be built."
-            api = ">=1.0,<2"
+            api = ">=2.0,<3"
             Config = Cfg
             def world(self, cfg): ...
-            def dry_run(self, plan): return ""
-            def launch(self, plan): return 0
+            def dry_run(self, cfg, plan): return ""
+            def launch(self, cfg, plan): return 0
             def commands(self): raise RuntimeError("no typer app today")
 
         PLUGIN = Broken()

@@ -97,12 +97,13 @@ def test_compare_overlays_runs_and_mfu_uses_the_device_peak(runs, tmp_path):
     plan = yaml.safe_load((gpu / "plan.yaml").read_text())
     plan["world"]["device_name"] = "NVIDIA H100 80GB HBM3"
     plan["config"]["precision"] = {"bf16": {}}
+    plan["dtypes"] = {"param": "bfloat16", "reduce": "float32"}
     (gpu / "plan.yaml").write_text(yaml.safe_dump(plan))
     run = load_run(gpu)
     flops = sorted(r["flops_per_s_per_device"] for r in run.records if r.get("flops_per_s_per_device"))
     assert flops, "OLMo-core's FLOP/s reached metrics.jsonl"
     import statistics
 
-    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12 and peak_flops("cpu", "fp32") is None
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12 and peak_flops("cpu", "float32") is None
     assert summarize(run)["MFU"] == f"{100 * statistics.median(flops) / 989e12:.3g}%"
     assert summarize(load_run(finished))["MFU"].startswith("- (peak of 'cpu'")

@@ -58,7 +58,7 @@ def compose(overrides: list[str], reg: Registry) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from olmx.plugin_tools import with_conf_search_paths
+    from olmx.config.search_path import with_conf_search_paths
 
     _reject_hydra_flags(overrides)
     register_plugin_options(reg)
@@ -196,15 +196,9 @@ def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:
 
 
 def config_yaml(run: RunConfig) -> str:
-    """The resolved config as YAML (what ``--dry-run`` prints and ``plan.yaml`` stores)."""
+    """The resolved config as YAML (what ``--dry-run`` prints; ``plan.yaml`` stores the same data)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(OmegaConf.create(as_dict(run)))
+    from olmx.plan.codec import run_to_data
 
-
-def as_dict(run: RunConfig) -> dict[str, Any]:
-    """Plain-data form of a typed RunConfig (plugin sections included; infra flat)."""
-    data = dataclasses.asdict(run)
-    infra_name = run.infra_name
-    data["infra"] = {"name": infra_name, **data["infra"][infra_name]}
-    return data
+    return OmegaConf.to_yaml(OmegaConf.create(run_to_data(run)))

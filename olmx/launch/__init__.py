@@ -10,6 +10,7 @@ from pathlib import Path
 
 from olmx.errors import ConfigError
 from olmx.plan import Plan
+from olmx.rundir import RunDir
 
 
 @dataclass
@@ -48,13 +49,8 @@ def torchrun_flags(cfg: TorchrunConfig, run_dir: str | Path) -> list[str]:
     per-rank logs and error files of every attempt under ``RUN_DIR/logs/torchrun`` (which
     :mod:`olmx.launch.failures` reads) while the ranks' output still reaches the node log."""
     cfg.check()
-    return [f"--max-restarts={cfg.max_restarts}", f"--log-dir={torchrun_log_dir(run_dir)}", "--tee=3",
+    return [f"--max-restarts={cfg.max_restarts}", f"--log-dir={RunDir(run_dir).torchrun_logs}", "--tee=3",
             f"--shutdown-timeout={cfg.stop_timeout}"]
-
-
-def torchrun_log_dir(run_dir: str | Path) -> Path:
-    """Where torchrun keeps each attempt's per-rank logs and error files."""
-    return Path(run_dir) / "logs" / "torchrun"
 
 
 def worker_command(plan_path: str | Path, *, python: str | None = None) -> list[str]:

@@ -22,6 +22,8 @@ import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from olmx.rundir import tail as read_tail
+
 #: torchrun's per-attempt failure line (torch/distributed/elastic/multiprocessing/api.py).
 FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary")
 #: Messages of gloo/NCCL when the other side of a collective went away.
@@ -66,13 +68,6 @@ def signal_cause(exitcode: int | None) -> str:
             name = f"signal {-exitcode}"
         return f"killed by {name} (exit code {exitcode})"
     return f"exited with code {exitcode}"
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def _error(rank_dir: Path) -> str | None:
@@ -123,7 +118,7 @@ def attempt_failures(console: str, run_dir: Path | None, *, node_rank: int = 0,
         log = rank_dir / "stderr.log" if rank_dir else None
         tail = ""
         if rank_dir:
-            tail = _tail(rank_dir / "stderr.log", lines) or _tail(rank_dir / "stdout.log", lines)
+            tail = read_tail(rank_dir / "stderr.log", lines) or read_tail(rank_dir / "stdout.log", lines)
         out.append(RankFailure(attempt=attempt, node_rank=node_rank, local_rank=local_rank, exitcode=exitcode,
                                cause=cause, log=str(log) if log else None, tail=tail))
     return out

@@ -13,23 +13,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from olmx.errors import RunFailed
 from olmx.plan import Plan
+from olmx.rundir import RunDir, tail
 
-METRICS_FILE = "metrics.jsonl"
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    """The last ``lines`` lines of a text file ('' if it does not exist)."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def follow(plan: Plan, poll: Callable[[], int | None], *, log_path: Path, console: Console,
            interval: float = 0.5) -> int:
     """Draw progress until ``poll()`` returns an exit code; raise RunFailed on failure."""
-    metrics = Path(plan.run_dir) / METRICS_FILE
-    total = int(plan.config["trainer"]["max_steps"])
+    metrics = RunDir(plan.run_dir).metrics
+    total = plan.run.trainer.max_steps
     progress = Progress(
         TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
         TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
@@ -75,8 +67,8 @@ def _advance(progress: Progress, task: int, metrics: Path, offset: int) -> int:
 
 def progress_line(plan: Plan) -> str:
     """The last record of the run's ``metrics.jsonl`` as one line (for ``olmx jobs status``)."""
-    path = Path(plan.run_dir) / METRICS_FILE
-    total = plan.config["trainer"]["max_steps"]
+    path = RunDir(plan.run_dir).metrics
+    total = plan.run.trainer.max_steps
     last = None
     if path.exists():
         for line in path.read_text().splitlines():

@@ -1,16 +1,22 @@
-"""The Plan: a resolved, checked, frozen description of a run, saved as ``plan.yaml`` in the
-run directory. Launchers and workers read it; nobody composes config again after it."""
+"""The Plan: a resolved, checked, frozen, typed description of a run, saved as ``plan.yaml``
+in the run directory (one codec, :mod:`olmx.plan.codec`). Launchers and workers read it;
+nobody composes config or recomputes a decision after it."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from olmx.api import World
+from olmx.api import Dtypes, Mesh, World
+from olmx.config.schema import RunConfig
+from olmx.rundir import PLAN_FILE
 
-PLAN_FILE = "plan.yaml"
+#: ``Plan.clip``: who clips gradients. ``olmo_core``: OLMo-core's train module; ``olmx``: the
+#: core's clipping across device meshes (a plugin put parameters on a mesh of their own);
+#: ``off``: ``trainer.max_grad_norm`` is null.
+CLIP_MODES = ("olmo_core", "olmx", "off")
 
 
 @dataclass(frozen=True)
@@ -50,13 +56,13 @@ class ParamCounts:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a launcher and a worker need."""
+    """Everything a launcher and a worker need, typed."""
 
-    #: The resolved configuration, as plain data (``olmx.config.compose.as_dict``).
-    config: dict[str, Any]
+    #: The resolved configuration (plugin sections typed by the plugins' ``Config``).
+    run: RunConfig
     world: World
-    #: Device-mesh dimensions, e.g. ``{"dp": 2}``.
-    mesh: dict[str, int]
+    mesh: Mesh
+    dtypes: Dtypes
     batch: BatchPlan
     params: ParamCounts
     #: Model vocabulary (tokenizer vocabulary padded to a multiple of 128).
@@ -64,9 +70,18 @@ class Plan:
     run_dir: str
     #: Step of the checkpoint the run resumes from (None: starts fresh).
     resume_step: int | None
-    #: Plugin name -> rows for the printed plan.
+    #: Who clips gradients (:data:`CLIP_MODES`).
+    clip: str = "olmo_core"
+    #: Plugin section (``layers.moe``) -> the decisions its ``resolve`` made.
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Plugin section -> rows for the printed plan.
     sections: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     olmx_version: str = ""
+
+    @property
+    def infra(self) -> Any:
+        """The infra plugin's typed settings."""
+        return self.run.infra[self.run.infra_name]
 
     @property
     def plan_path(self) -> Path:
@@ -74,26 +89,25 @@ class Plan:
         return Path(self.run_dir) / PLAN_FILE
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for YAML."""
-        data = asdict(self)
-        data["sections"] = {k: [list(r) for r in v] for k, v in self.sections.items()}
-        if self.world.compute_capability is not None:
-            data["world"]["compute_capability"] = list(self.world.compute_capability)
-        return data
+        """Plain data for YAML (the run config under ``config``, infra flat)."""
+        from olmx.plan.codec import run_to_data, to_data
+
+        data = {k: to_data(getattr(self, k)) for k in self.__dataclass_fields__ if k != "run"}
+        return {"config": run_to_data(self.run), **data}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
-        """Inverse of :meth:`to_dict`."""
-        world = dict(data["world"])
-        if world.get("compute_capability") is not None:
-            world["compute_capability"] = tuple(world["compute_capability"])
-        return cls(
-            config=data["config"], world=World(**world), mesh=dict(data["mesh"]),
-            batch=BatchPlan(**data["batch"]), params=ParamCounts(**data["params"]),
-            vocab_size=data["vocab_size"], run_dir=data["run_dir"], resume_step=data["resume_step"],
-            sections={k: [tuple(r) for r in v] for k, v in data.get("sections", {}).items()},
-            olmx_version=data.get("olmx_version", ""),
-        )
+    def from_dict(cls, data: dict[str, Any], reg: Any = None) -> Plan:
+        """Inverse of :meth:`to_dict`; plugin sections typed by the plugins ``reg`` loads
+        (default: the process's registry)."""
+        from olmx.plan.codec import from_data, run_from_data
+
+        if reg is None:
+            from olmx.registry import registry
+
+            reg = registry()
+        data = dict(data)
+        run = run_from_data(data.pop("config"), reg)
+        return from_data(cls, {**data, "run": run})
 
     def save(self) -> Path:
         """Write ``plan.yaml`` atomically into the run directory."""
@@ -107,8 +121,9 @@ class Plan:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> Plan:
+    def load(cls, path: str | Path, reg: Any = None) -> Plan:
         """Read a saved plan."""
         import yaml
 
-        return cls.from_dict(yaml.safe_load(Path(path).read_text()))
+        return cls.from_dict(yaml.safe_load(Path(path).read_text()), reg)
+

@@ -2,9 +2,10 @@
 
 :func:`dense_linears` lists the layers of the OLMo-core llama-like transformer that
 :class:`olmx.config.schema.ModelConfig` builds (a test compares it with the built model).
-Layer plugins that replace or add modules edit the list through their optional hook
-``linear_layers(cfg, run, layers) -> layers`` (in the order they edit the model), so that what a
-precision plugin plans to convert (MXFP8) is what the worker converts in the built model.
+Layer plugins that replace or add modules edit the list through their hook
+:meth:`olmx.api.LayerPlugin.linear_layers` (in the order they edit the model; the whole list is
+:meth:`olmx.api.Context.linear_layers`), so that what a precision plugin plans to convert
+(MXFP8) is what the worker converts in the built model.
 """
 
 from __future__ import annotations
@@ -34,15 +35,3 @@ def dense_linears(model: Any, vocab_size: int) -> list[LinearLayer]:
              ("feed_forward.w1", d, h), ("feed_forward.w2", h, d), ("feed_forward.w3", d, h)]
     layers = [LinearLayer(f"blocks.{i}.{n}", a, b) for i in range(model.n_layers) for n, a, b in block]
     return layers + [LinearLayer("lm_head.w_out", d, vocab_size)]
-
-
-def model_linears(run: Any, vocab_size: int) -> list[LinearLayer]:
-    """The linear layers of the run's model: the dense ones, edited by each layer plugin."""
-    from olmx.registry import registry
-
-    layers = dense_linears(run.model, vocab_size)
-    for _, plugin, cfg in registry().layers_in_order(run.layers):
-        edit = getattr(plugin, "linear_layers", None)
-        if edit is not None:
-            layers = edit(cfg, run, layers)
-    return layers

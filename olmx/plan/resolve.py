@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import sysconfig
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from olmx import __version__
+from olmx.api import CLAIMABLE_DIMS, CONFIG_GROUPS, KIND_ORDER, Context, Contribution, Mesh, Plugin, World, check_dtypes
 from olmx.config.schema import ModelConfig, RunConfig
-from olmx.errors import ConfigError
+from olmx.errors import ConfigError, OlmxError
 from olmx.plan import BatchPlan, ParamCounts, Plan
-from olmx.api import Contribution, World
 from olmx.registry import Registry
+from olmx.rundir import RunDir
 
 BLOCKS = ("default", "reordered_norm")
 ATTN_BACKENDS = ("auto", "torch", "flash_2", "flash_3", "te")
@@ -30,10 +30,6 @@ DATA_SOURCES = ("stdlib", "text", "numpy")
 #: is not offered: with torch 2.13 its recompute fails in RoPE ("aten.alias.default invocation
 #: index 4 encountered during backward but not found in storage", benchmarks/results/ulysses.md).
 AC_MODES = ("full", "long_context")
-#: Sub-directory of the run directory that holds OLMo-core checkpoints (``stepN/``).
-CHECKPOINTS = "checkpoints"
-
-
 def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
     """Vocabulary rounded up as OLMo-core's ``TokenizerConfig.padded_vocab_size`` does."""
     return -(-vocab_size // multiple) * multiple
@@ -54,96 +50,146 @@ def count_params(model: ModelConfig, vocab: int) -> ParamCounts:
     return ParamCounts(total=total, embedding=embedding, active=total)
 
 
-def latest_checkpoint(run_dir: str | Path) -> int | None:
-    """Step of the newest complete checkpoint in ``run_dir`` (None if there is none)."""
-    root = Path(run_dir) / CHECKPOINTS
-    steps = []
-    for p in root.glob("step*"):
-        m = re.fullmatch(r"step(\d+)", p.name)
-        if m and (p / ".metadata.json").is_file():
-            steps.append(int(m.group(1)))
-    return max(steps) if steps else None
-
-
 def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Plan:
-    """Check the run and compute its plan."""
+    """Check the run and compute its plan (see :mod:`olmx.api` for the passes)."""
     infra = reg.get("infra", run.infra_name)
     world: World = infra.world(run.infra[run.infra_name])
     if world.size < 1:
         raise ConfigError("infra", f"the run needs at least one process, got {world.nnodes} x {world.nproc_per_node}")
     _check_model(run.model)
-    data_here = getattr(infra, "data_on_this_machine", None)
-    _check_data(run, files_here=data_here is None or data_here(run.infra[run.infra_name]))
+    _check_data(run, files_here=infra.data_on_this_machine(run.infra[run.infra_name]))
     _check_trainer(run)
 
-    sections: dict[str, list[tuple[str, str]]] = {}
+    ctx = context(run, world, reg)
+    mesh, dtypes, vocab = ctx.mesh, ctx.dtypes, ctx.vocab_size
     contributions: dict[str, Contribution] = {}
-    for kind, group in (("layer", "layers"), ("parallel", "parallel"), ("precision", "precision")):
-        for name, cfg in getattr(run, group).items():
-            c = reg.get(kind, name).resolve(cfg, run, world)
-            contributions[f"{group}.{name}"] = c
-            sections[f"{group}.{name}"] = c.rows
-
-    dp = [k for k, c in contributions.items() if c.data_parallel]
-    if len(dp) > 1:
-        raise ConfigError("parallel", f"choose one data-parallel strategy, got {', '.join(k.split('.')[1] for k in dp)}")
-    if world.size > 1 and not dp:
-        raise ConfigError(
-            "parallel", f"{world.size} processes need a data-parallel strategy to keep replicas in sync "
-            f"(without one OLMo-core trains diverging copies); add one of: "
-            f"{', '.join(n for n in reg.names('parallel') if n in ('ddp', 'fsdp', 'hsdp')) or 'ddp'} "
-            f"(e.g. parallel=[ddp]) or run one process (infra.nproc_per_node=1)")
-
-    # Non-data-parallel degrees (context parallel, ...) multiply into the world; the
-    # data-parallel strategy lays out whatever ranks remain.
-    other: dict[str, int] = {}
-    for c in contributions.values():
-        if c.data_parallel:
-            continue
-        for dim, size in c.mesh.items():
-            if dim in other:
-                raise ConfigError("parallel", f"mesh dimension '{dim}' claimed twice ({other[dim]} and {size})")
-            other[dim] = size
-    non_dp = 1
-    for size in other.values():
-        non_dp *= size
-    if world.size % non_dp:
-        dims = " x ".join(f"{k}={v}" for k, v in other.items())
-        raise ConfigError("parallel", f"the non-data-parallel degrees ({dims}) multiply to {non_dp}, which does not "
-                          f"divide the world size {world.size}")
-    dp_ranks = world.size // non_dp
-    mesh: dict[str, int] = {"dp": dp_ranks}
-    if dp:
-        name = dp[0].split(".", 1)[1]
-        plugin = reg.get("parallel", name)
-        dp_mesh = getattr(plugin, "dp_mesh", None)
-        if dp_mesh is not None:
-            mesh = dp_mesh(run.parallel[name], dp_ranks, world)
-    mesh.update(other)
+    for plugin, cfg in plugins_in_order(run, reg):
+        contributions[plugin.section] = plugin.resolve(cfg, ctx)
 
     t = run.trainer
-    per_step = t.micro_batch_size * dp_ranks
+    per_step = t.micro_batch_size * mesh.dp
     if t.global_batch_size % per_step:
         raise ConfigError(
             "trainer.global_batch_size",
             f"{t.global_batch_size} sequences must be a multiple of trainer.micro_batch_size ({t.micro_batch_size}) "
-            f"x data-parallel ranks ({dp_ranks}) = {per_step}")
+            f"x data-parallel ranks ({mesh.dp}) = {per_step}")
     batch = BatchPlan(seq_len=run.data.seq_len, global_seqs=t.global_batch_size, micro_seqs=t.micro_batch_size,
-                      dp_ranks=dp_ranks, grad_accum=t.global_batch_size // per_step)
+                      dp_ranks=mesh.dp, grad_accum=t.global_batch_size // per_step)
 
-    vocab = padded_vocab(run.data.tokenizer.vocab_size)
     base = count_params(run.model, vocab)
     extra = sum(c.params for c in contributions.values())
     extra_active = sum(c.active_params for c in contributions.values())
     params = ParamCounts(total=base.total + extra, embedding=base.embedding, active=base.active + extra_active)
+    clip = ("off" if t.max_grad_norm is None else
+            "olmx" if any(c.own_mesh_params for c in contributions.values()) else "olmo_core")
 
     run_dir = _run_dir(run, now or datetime.now())
-    resume_step = latest_checkpoint(run_dir) if run.trainer.resume else None
+    resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
+    return Plan(run=run, world=world, mesh=mesh, dtypes=dtypes, batch=batch, params=params, vocab_size=vocab,
+                run_dir=run_dir, resume_step=resume_step, clip=clip,
+                decisions={k: c.decisions for k, c in contributions.items() if c.decisions},
+                sections={k: c.rows for k, c in contributions.items()}, olmx_version=__version__)
 
-    from olmx.config.compose import as_dict
 
-    return Plan(config=as_dict(run), world=world, mesh=mesh, batch=batch, params=params, vocab_size=vocab,
-                run_dir=run_dir, resume_step=resume_step, sections=sections, olmx_version=__version__)
+def context(run: RunConfig, world: World, reg: Registry) -> Context:
+    """Resolve's first passes: the mesh (parallel plugins' claims and layout), the precision
+    plugin's dtypes, the layers in order; what every plugin's ``resolve`` then checks against."""
+    parallel = [(reg.get("parallel", name), cfg) for name, cfg in run.parallel.items()]
+    mesh = resolve_mesh(run, world, parallel, reg)
+    precision = reg.get("precision", run.precision_name)
+    dtypes = precision.dtypes(run.precision[run.precision_name], run, world, mesh)
+    check_dtypes(dtypes, mesh=mesh, world=world, field_prefix=precision.section)
+    layers = tuple((plugin, cfg) for _, plugin, cfg in reg.layers_in_order(run.layers))
+    ctx = Context(run=run, world=world, mesh=mesh, dtypes=dtypes,
+                  vocab_size=padded_vocab(run.data.tokenizer.vocab_size), layers=layers)
+    if mesh.ep > 1:
+        _check_experts(ctx, reg)
+    return ctx
+
+
+def plugins_in_order(run: RunConfig, reg: Registry) -> list[tuple[Plugin, Any]]:
+    """``(plugin, cfg)`` of the run's parallel, precision and layer plugins, in
+    :data:`olmx.api.KIND_ORDER` (layers by their ``order``): the order in which the core calls
+    ``resolve``, ``apply_train_module`` and ``callbacks``."""
+    out: list[tuple[Plugin, Any]] = []
+    for kind in KIND_ORDER:
+        if kind == "layer":
+            out += [(plugin, cfg) for _, plugin, cfg in reg.layers_in_order(run.layers)]
+        else:
+            out += [(reg.get(kind, name), cfg) for name, cfg in getattr(run, CONFIG_GROUPS[kind]).items()]
+    return out
+
+
+def _installed_with(reg: Registry, kind: str, capability: str) -> list[str]:
+    """Names of the installed plugins of ``kind`` whose class sets ``capability``."""
+    names = []
+    for entry in reg.entries(kind):
+        if not entry.usable:
+            continue
+        try:
+            plugin = reg.get(kind, entry.name)
+        except OlmxError:
+            continue
+        if getattr(plugin, capability, False):
+            names.append(entry.name)
+    return names
+
+
+def _check_experts(ctx: Context, reg: Registry) -> None:
+    """Expert parallelism needs exactly one layer that places experts over ``mesh.ep``."""
+    have = [p.name for p, _ in ctx.layers if p.experts]
+    if not have:
+        offer = " or ".join(f"layers=[{n}]" for n in _installed_with(reg, "layer", "experts"))
+        raise ConfigError(ctx.mesh.ep_field, f"expert parallelism needs a layer with experts: add "
+                          f"{offer or 'a layer plugin with experts (none is installed)'}")
+    if len(have) > 1:
+        raise ConfigError(ctx.mesh.ep_field, f"expert parallelism places the experts of one layer plugin, "
+                          f"this run has {len(have)} with experts: {', '.join(have)}")
+
+
+def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], reg: Registry) -> Mesh:
+    """Resolve's first pass: the parallel plugins' claims and the data-parallel strategy's
+    layout, validated once against the world."""
+    claimed: dict[str, tuple[int, str]] = {}
+    for plugin, cfg in parallel:
+        for dim, size in plugin.claim(cfg, run, world).items():
+            if dim not in CLAIMABLE_DIMS:
+                raise ConfigError(plugin.section, f"claims mesh dimension '{dim}'; claimable: "
+                                  f"{', '.join(f'{k} ({v})' for k, v in CLAIMABLE_DIMS.items())}")
+            if dim in claimed:
+                raise ConfigError(plugin.section, f"mesh dimension '{dim}' is already claimed by {claimed[dim][1]}")
+            if size < 1:
+                raise ConfigError(plugin.section, f"mesh dimension '{dim}' must be at least 1, got {size}")
+            claimed[dim] = (size, plugin.section)
+    cp = claimed.get("cp", (1, ""))[0]
+    if world.size % cp:
+        raise ConfigError(claimed["cp"][1], f"cp={cp} must divide the world size {world.size} "
+                          f"({world.nnodes} node(s) x {world.nproc_per_node} processes)")
+    dp_ranks = world.size // cp
+    strategies = [(p, cfg) for p, cfg in parallel if p.data_parallel]
+    if len(strategies) > 1:
+        raise ConfigError("parallel", f"choose one data-parallel strategy, got {', '.join(p.name for p, _ in strategies)}")
+    if not strategies:
+        if world.size > 1:
+            offer = _installed_with(reg, "parallel", "data_parallel")
+            raise ConfigError(
+                "parallel", f"{world.size} processes need a data-parallel strategy to keep replicas in "
+                f"sync (without one OLMo-core trains diverging copies); add one of: {', '.join(offer) or 'none'} "
+                f"(e.g. parallel=[{offer[0] if offer else '...'}]) or run one process (infra.nproc_per_node=1)")
+        return Mesh(cp=cp)
+    plugin, cfg = strategies[0]
+    lay = plugin.layout(cfg, dp_ranks, world)
+    if lay.replicate * lay.shard != dp_ranks or min(lay.replicate, lay.shard, lay.ep) < 1:
+        raise ConfigError(plugin.section, f"lays out {lay.replicate} x {lay.shard} ranks, but there are {dp_ranks} "
+                          f"data-parallel ranks")
+    if lay.ep > 1:
+        if dp_ranks % lay.ep:
+            raise ConfigError(lay.ep_field or plugin.section, f"{lay.ep} must divide the {dp_ranks} data-parallel ranks")
+        if cp > 1:
+            raise ConfigError(lay.ep_field or plugin.section, f"expert parallelism (ep={lay.ep}) with context parallelism "
+                              f"(cp={cp}, {claimed['cp'][1]}) is not supported")
+    return Mesh(dp_replicate=lay.replicate, dp_shard=lay.shard, cp=cp, ep=lay.ep,
+                shards_params=lay.shards_params, hybrid=lay.hybrid, ep_field=lay.ep_field or plugin.section)
 
 
 def _check_model(m: ModelConfig) -> None:
@@ -241,7 +287,7 @@ def _check_writable(path: Path) -> None:
 def describe_plan_rows(plan: Plan) -> list[tuple[str, str]]:
     """The core rows of a printed plan (plugins add their own sections)."""
     b, p, w = plan.batch, plan.params, plan.world
-    mesh = " x ".join(f"{k}={v}" for k, v in plan.mesh.items())
+    mesh = " x ".join(f"{k}={v}" for k, v in plan.mesh.dims().items())
     rows = [
         ("world", f"{w.size} processes = {w.nnodes} node(s) x {w.nproc_per_node} ({w.device_name})"),
         ("mesh", mesh),
@@ -250,13 +296,11 @@ def describe_plan_rows(plan: Plan) -> list[tuple[str, str]]:
                                   f"{f', {b.grad_accum} accumulation steps' if b.grad_accum > 1 else ''}"),
         ("parameters", f"{p.total:,} total, {p.non_embedding:,} non-embedding, {p.active:,} active"),
         ("vocabulary", f"{plan.vocab_size} (padded)"),
+        ("dtypes", f"compute {plan.dtypes.param}, gradient reduction {plan.dtypes.reduce}, master weights float32"),
+        ("gradient clipping", {"olmo_core": f"global norm {plan.run.trainer.max_grad_norm} (OLMo-core)",
+                               "olmx": f"global norm {plan.run.trainer.max_grad_norm} across device meshes (olmx)",
+                               "off": "off"}[plan.clip]),
         ("run dir", plan.run_dir),
         ("resume", f"from step {plan.resume_step}" if plan.resume_step is not None else "no (fresh start)"),
     ]
     return rows
-
-
-def plugin_config(plan: Plan, group: str, name: str) -> Any:
-    """A plugin's settings from a plan, as plain data."""
-    section = plan.config[group]
-    return section if group == "infra" else section[name]

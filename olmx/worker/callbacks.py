@@ -20,8 +20,8 @@ from typing import Any
 
 from olmo_core.train.callbacks import Callback
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
+from olmx.rundir import RunDir
+
 
 
 def peak_memory_mib(device: Any) -> float:
@@ -35,7 +35,7 @@ def peak_memory_mib(device: Any) -> float:
 
 def truncate_metrics(run_dir: str | Path, last_step: int | None) -> None:
     """Drop records after ``last_step`` (None: all), so a resumed run continues the file."""
-    path = Path(run_dir) / METRICS_FILE
+    path = RunDir(run_dir).metrics
     if not path.exists():
         return
     keep = []
@@ -105,7 +105,7 @@ class OlmxMetricsCallback(Callback):
         }
         if skipped:
             record["skipped"] = True
-        with open(Path(self.run_dir) / "metrics.jsonl", "a") as f:
+        with open(RunDir(self.run_dir).metrics, "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def post_train(self) -> None:
@@ -123,7 +123,7 @@ class OlmxMetricsCallback(Callback):
         if mine["rank"] != 0:
             return
         records = []
-        path = Path(self.run_dir) / METRICS_FILE
+        path = RunDir(self.run_dir).metrics
         if path.exists():
             records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         losses = [r["loss"] for r in records if r.get("loss") is not None]
@@ -140,6 +140,7 @@ class OlmxMetricsCallback(Callback):
             "nonfinite_steps": list(getattr(guard, "nonfinite_steps", [])),
             "run_dir": self.run_dir,
         }
-        tmp = Path(self.run_dir) / (SUMMARY_FILE + ".tmp")
+        final = RunDir(self.run_dir).summary
+        tmp = final.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(Path(self.run_dir) / SUMMARY_FILE)
+        tmp.replace(final)

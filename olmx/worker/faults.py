@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 from olmo_core.train.callbacks import Callback
 
 from olmx.events import append_event
+from olmx.rundir import RunDir
 from olmx.stop import install_stop_handlers, request_stop, stop_requested
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class TrainingGuard(Callback):
 def configure_faults(run_dir: str | Path) -> None:
     """Where :func:`inject` keeps its once-only markers (``RUN_DIR/work/faults``)."""
     global _fault_dir
-    _fault_dir = Path(run_dir) / "work" / "faults"
+    _fault_dir = RunDir(run_dir).work / "faults"
 
 
 def _faults() -> list[tuple[str, int, int | None]]:

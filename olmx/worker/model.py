@@ -52,11 +52,13 @@ def build_model_config(model: ModelConfig, *, vocab_size: int, device: str = "cp
     )
 
 
-def build_model(plan: Plan, run: Any, reg: Any) -> Any:
-    """The model on the meta device, edited by the layer plugins (in plan order) and then by
-    the precision plugin's optional ``apply_model`` (module swaps such as MXFP8 linears, which
-    must see the layers' modules too), before any parallelism is applied: where OLMo-core's
-    ``parallelize_model`` applies ``float8_config``."""
+def build_model(plan: Plan, reg: Any) -> Any:
+    """The model on the meta device, edited in this order before any parallelism is applied
+    (where OLMo-core's ``parallelize_model`` applies ``float8_config``): the layer plugins (by
+    their ``order``: config, then the built model), the precision plugin (module swaps such as
+    MXFP8 linears, which must see the layers' modules too), the parallel plugins (e.g. the
+    Ulysses attention wrapper)."""
+    run = plan.run
     config = build_model_config(run.model, vocab_size=plan.vocab_size, device=plan.world.device)
     layers = reg.layers_in_order(run.layers)
     for _, layer, cfg in layers:
@@ -64,12 +66,7 @@ def build_model(plan: Plan, run: Any, reg: Any) -> Any:
     model = config.build(init_device="meta")
     for _, layer, cfg in layers:
         layer.apply_model(cfg, model, plan)
-    precision = run.precision_name
-    apply = getattr(reg.get("precision", precision), "apply_model", None)
-    if apply is not None:
-        apply(run.precision[precision], model, plan)
-    for name, cfg in run.parallel.items():  # e.g. expert parallelism shards experts in place
-        apply = getattr(reg.get("parallel", name), "apply_model", None)
-        if apply is not None:
-            apply(cfg, model, plan)
+    reg.get("precision", run.precision_name).apply_model(run.precision[run.precision_name], model, plan)
+    for name, cfg in run.parallel.items():
+        reg.get("parallel", name).apply_model(cfg, model, plan)
     return model

@@ -16,15 +16,6 @@ from typing import Any
 from olmx.plan import Plan
 
 
-def typed_config(plan: Plan, reg: Any) -> Any:
-    """The typed RunConfig of a saved plan (plugin sections re-typed by their Config)."""
-    from omegaconf import OmegaConf
-
-    from olmx.config.compose import to_object
-
-    return to_object(OmegaConf.create(plan.config), reg)
-
-
 def _share_cores(procs_per_node: int) -> None:
     """Give each CPU process its share of the cores (an inherited OMP_NUM_THREADS=8 on a
     2-core machine makes two processes fight over them)."""
@@ -61,9 +52,9 @@ def _run(plan_path: str | Path) -> int:
     os.environ.setdefault("OLMO_SHARED_FS", "1")
     from olmx.registry import registry
 
-    plan = Plan.load(plan_path)
     reg = registry()
-    run = typed_config(plan, reg)
+    plan = Plan.load(plan_path, reg)
+    run = plan.run
 
     from olmo_core.distributed.utils import barrier, get_rank, get_world_size
     from olmo_core.train import prepare_training_environment, teardown_training_environment
@@ -85,9 +76,9 @@ def _run(plan_path: str | Path) -> int:
         if rank0 and fresh:
             reset_run_dir(plan.run_dir)
         barrier()
-        model = build_model(plan, run, reg)
+        model = build_model(plan, reg)
         check_disk_space(model, plan.run_dir)
-        trainer = build_trainer(plan, run, reg, model)
+        trainer = build_trainer(plan, reg, model)
         step = None if fresh else resume_from_verified(trainer, plan.run_dir)
         trainer.callbacks["olmx_metrics"].resumed_from = step
         if rank0:

@@ -7,18 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from olmx.plan import Plan
-from olmx.plan.resolve import CHECKPOINTS
-
-#: Order in which plugin kinds fill the train-module config: parallel strategies first, then
-#: precision (it adjusts the data-parallel config they set), then layers (optimizer groups).
-APPLY_ORDER = (("parallel", "parallel"), ("precision", "precision"), ("layer", "layers"))
+from olmx.rundir import RunDir
 
 
-def train_module_kwargs(plan: Plan, run: Any, reg: Any) -> dict[str, Any]:
-    """Keyword arguments of OLMo-core's ``TransformerTrainModuleConfig``, plugins applied."""
+def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
+    """Keyword arguments of OLMo-core's ``TransformerTrainModuleConfig``: the core's settings
+    (optimizer, schedule, clipping, the plan's dtypes), then every plugin's
+    ``apply_train_module`` in :data:`olmx.api.KIND_ORDER`."""
     from olmo_core.optim import AdamWConfig, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup
 
-    t = run.trainer
+    from olmx.plan.resolve import plugins_in_order
+
+    t = plan.run.trainer
     schedulers = {"cosine": CosWithWarmup, "linear": LinearWithWarmup, "constant": ConstantWithWarmup}
     scheduler_kwargs: dict[str, Any] = {"warmup": t.warmup_steps}
     if t.schedule == "linear":
@@ -28,18 +28,33 @@ def train_module_kwargs(plan: Plan, run: Any, reg: Any) -> dict[str, Any]:
         "max_sequence_length": plan.batch.seq_len,
         "optim": AdamWConfig(lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay),
         "scheduler": schedulers[t.schedule](**scheduler_kwargs),
-        "max_grad_norm": t.max_grad_norm,
+        # Who clips is the plan's decision; olmx's own clipping is a callback (build_trainer).
+        "max_grad_norm": t.max_grad_norm if plan.clip == "olmo_core" else None,
         "z_loss_multiplier": t.z_loss,
         "compile_model": bool(t.compile and plan.world.device == "cuda"),
     }
     if t.activation_checkpointing:
         kwargs["ac_config"] = activation_checkpointing_config(t.activation_checkpointing)
-    for kind, group in APPLY_ORDER:
-        for name, cfg in getattr(run, group).items():
-            apply = getattr(reg.get(kind, name), "apply_train_module", None)
-            if apply is not None:
-                apply(cfg, kwargs, plan)
+    for plugin, cfg in plugins_in_order(plan.run, reg):
+        plugin.apply_train_module(cfg, kwargs, plan)
+        if plugin.kind == "precision":  # the plan's dtypes, on whatever dp_config parallel plugins set
+            apply_dtypes(plan, kwargs)
     return kwargs
+
+
+def apply_dtypes(plan: Plan, kwargs: dict[str, Any]) -> None:
+    """The plan's :class:`olmx.api.Dtypes`: FSDP2's mixed-precision policy where the mesh
+    shards parameters (float32 master shards, all-gathered in ``param``, gradients reduced in
+    ``reduce``), ``torch.autocast`` over float32 parameters elsewhere (OLMo-core's DDP
+    ``param_dtype`` would cast the master weights too)."""
+    from olmo_core.config import DType
+
+    dp = kwargs.get("dp_config")
+    if plan.mesh.shards_params and dp is not None:
+        dp.param_dtype = DType(plan.dtypes.param)
+        dp.reduce_dtype = DType(plan.dtypes.reduce)
+    elif plan.dtypes.param != "float32":
+        kwargs["autocast_precision"] = DType(plan.dtypes.param)
 
 
 #: ``trainer.activation_checkpointing=long_context``: the modules recomputed in backward, in
@@ -66,18 +81,17 @@ def activation_checkpointing_config(mode: str) -> Any:
     return TransformerActivationCheckpointingConfig(mode=TransformerActivationCheckpointingMode(mode))
 
 
-def plugin_callbacks(plan: Plan, run: Any, reg: Any) -> dict[str, Any]:
-    """Trainer callbacks contributed by plugins through their optional ``callbacks(cfg, plan)``."""
+def plugin_callbacks(plan: Plan, reg: Any) -> dict[str, Any]:
+    """Trainer callbacks contributed by the run's plugins (``callbacks(cfg, plan)``)."""
+    from olmx.plan.resolve import plugins_in_order
+
     out: dict[str, Any] = {}
-    for kind, group in APPLY_ORDER:
-        for name, cfg in getattr(run, group).items():
-            contribute = getattr(reg.get(kind, name), "callbacks", None)
-            if contribute is not None:
-                out.update(contribute(cfg, plan))
+    for plugin, cfg in plugins_in_order(plan.run, reg):
+        out.update(plugin.callbacks(cfg, plan))
     return out
 
 
-def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
+def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     """Train module, data loader and Trainer for the plan (call inside the distributed env)."""
     from olmo_core.data import NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
     from olmo_core.train import Duration, LoadStrategy, TrainerConfig
@@ -89,18 +103,19 @@ def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
     from olmx.worker.data import token_files
     from olmx.worker.faults import fault_callbacks
 
-    t, run_dir = run.trainer, Path(plan.run_dir)
-    train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, run, reg)).build(model)
+    run, rd = plan.run, RunDir(plan.run_dir)
+    t, run_dir = run.trainer, rd.path
+    train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, reg)).build(model)
 
     tok = run.data.tokenizer
     tokenizer = TokenizerConfig(vocab_size=tok.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
                                 bos_token_id=tok.bos_id, identifier=tok.name)
     dataset = NumpyFSLDatasetConfig(tokenizer=tokenizer, paths=token_files(run.data),
                                     sequence_length=plan.batch.seq_len,
-                                    work_dir=str(run_dir / "work" / "dataset")).build()
+                                    work_dir=str(rd.work / "dataset")).build()
     data_loader = NumpyDataLoaderConfig(
         global_batch_size=plan.batch.global_tokens, seed=t.seed, num_workers=run.data.num_workers,
-        work_dir=str(run_dir / "work" / "loader"),
+        work_dir=str(rd.work / "loader"),
     ).build(dataset, dp_process_group=train_module.dp_process_group)
 
     callbacks = {
@@ -113,10 +128,14 @@ def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
                                             world_size=plan.world.size, resumed_from=plan.resume_step),
     }
     callbacks.update(fault_callbacks(run, str(run_dir)))
-    callbacks.update(plugin_callbacks(plan, run, reg))
+    if plan.clip == "olmx":
+        from olmx.worker.clip import GradClipCallback
+
+        callbacks["olmx_grad_clip"] = GradClipCallback(max_norm=t.max_grad_norm)
+    callbacks.update(plugin_callbacks(plan, reg))
     return TrainerConfig(
-        save_folder=str(run_dir / CHECKPOINTS),
-        work_dir=str(run_dir / "work"),
+        save_folder=str(rd.checkpoints),
+        work_dir=str(rd.work),
         # olmx chooses and verifies the checkpoint to resume from and loads it itself
         # (olmx.worker.checkpoint.resume_from_verified); OLMo-core would take the newest on trust.
         load_strategy=LoadStrategy.never,
@@ -135,11 +154,12 @@ def build_trainer(plan: Plan, run: Any, reg: Any, model: Any) -> Any:
 def reset_run_dir(run_dir: str) -> None:
     """``trainer.resume=false``: remove earlier checkpoints, metrics and summary of this run dir
     (``events.jsonl`` keeps the history; a ``fresh`` record marks the new start)."""
-    from olmx.worker.callbacks import SUMMARY_FILE, truncate_metrics
     from olmx.events import append_event
+    from olmx.worker.callbacks import truncate_metrics
 
-    shutil.rmtree(Path(run_dir) / CHECKPOINTS, ignore_errors=True)
-    shutil.rmtree(Path(run_dir) / "work" / "faults", ignore_errors=True)
-    (Path(run_dir) / SUMMARY_FILE).unlink(missing_ok=True)
+    rd = RunDir(run_dir)
+    shutil.rmtree(rd.checkpoints, ignore_errors=True)
+    shutil.rmtree(rd.work / "faults", ignore_errors=True)
+    rd.summary.unlink(missing_ok=True)
     truncate_metrics(run_dir, None)
     append_event(run_dir, "fresh")

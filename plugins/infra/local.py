@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from olmx.api import InfraPlugin, World
 from olmx.errors import ConfigError, RunFailed
 from olmx.launch import TorchrunConfig, torchrun_env
-from olmx.api import World
+from olmx.rundir import RunDir
 
 
 @dataclass
@@ -30,12 +31,12 @@ class LocalConfig(TorchrunConfig):
     master_port: int = 29500
 
 
-class LocalInfra:
+class LocalInfra(InfraPlugin):
     """Runs torchrun on this machine and follows the run from the terminal."""
 
     name = "local"
     description = __doc__.splitlines()[0]
-    api = ">=1.0,<2"
+    api = ">=2.0,<3"
     Config = LocalConfig
 
     def world(self, cfg: LocalConfig) -> World:
@@ -54,22 +55,25 @@ class LocalInfra:
         return World(nnodes=cfg.nnodes, nproc_per_node=nproc, device=dev.kind, device_name=dev.name,
                      compute_capability=dev.compute_capability)
 
-    def command(self, plan: Any) -> list[str]:
+    def command(self, cfg: LocalConfig, plan: Any) -> list[str]:
         """The torchrun command line for this node."""
         from olmx.launch import torchrun_command
 
-        cfg = self._cfg(plan)
         endpoint = None if cfg.nnodes == 1 else f"{cfg.master_addr}:{cfg.master_port}"
         return torchrun_command(plan, cfg, nnodes=cfg.nnodes, nproc_per_node=plan.world.nproc_per_node,
                                 node_rank=cfg.node_rank, rdzv_endpoint=endpoint)
 
-    def dry_run(self, plan: Any) -> str:
+    def dry_run(self, cfg: LocalConfig, plan: Any) -> str:
         """The exact command that would run."""
         from olmx.launch import shell_join
 
-        return shell_join([f"{k}={v}" for k, v in torchrun_env(self._cfg(plan)).items()] + self.command(plan))
+        return shell_join([f"{k}={v}" for k, v in torchrun_env(cfg).items()] + self.command(cfg, plan))
 
-    def launch(self, plan: Any) -> int:
+    def reports_here(self, cfg: LocalConfig) -> bool:
+        """Node 0's launcher writes the report (once per run)."""
+        return cfg.node_rank == 0
+
+    def launch(self, cfg: LocalConfig, plan: Any) -> int:
         """Start torchrun with its output in ``RUN_DIR/logs/``, follow it, and end as the run
         did: 0 when it finished; otherwise :class:`RunFailed` with the exit code of
         :mod:`olmx.events` (75: stopped by a signal with a checkpoint, 76: stopped on a
@@ -85,17 +89,15 @@ class LocalInfra:
         from olmx.events import LAUNCH_ENV
         from olmx.launch.monitor import follow
 
-        cfg = self._cfg(plan)
-        log_dir = Path(plan.run_dir) / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / f"node{cfg.node_rank}.log"
+        log_path = RunDir(plan.run_dir).node_log(cfg.node_rank)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = log_path.stat().st_size if log_path.exists() else 0
         launch_id, started = uuid.uuid4().hex[:12], time.time()
         env = {**torchrun_env(cfg), **os.environ, LAUNCH_ENV: launch_id}
         console = Console(stderr=True)
         interrupted = False
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(self.command(plan), stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(self.command(cfg, plan), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env)
 
             def pass_on(signum: int, frame: Any) -> None:
@@ -124,13 +126,12 @@ class LocalInfra:
         """Record the rank failures of this launch in ``events.jsonl`` and turn its outcome
         into the return value or a :class:`RunFailed`."""
         from olmx.events import append_event, outcome, read_events
-        from olmx.launch import torchrun_log_dir
         from olmx.launch.failures import attempt_failures, latest_torchrun_dir
 
         with open(log_path, "rb") as f:
             f.seek(offset)
             console_text = f.read().decode(errors="replace")
-        failures = attempt_failures(console_text, latest_torchrun_dir(torchrun_log_dir(plan.run_dir), since=started),
+        failures = attempt_failures(console_text, latest_torchrun_dir(RunDir(plan.run_dir).torchrun_logs, since=started),
                                     node_rank=cfg.node_rank)
         for failure in failures:
             append_event(plan.run_dir, "rank_failed", launch=launch_id, **failure.as_event())
@@ -160,15 +161,9 @@ class LocalInfra:
             raise RunFailed(f"training failed: {last.describe()}; no restarts left "
                             f"(infra.max_restarts={cfg.max_restarts}). Last lines of its log{where}:\n{last.tail}",
                             rc or 1)
-        from olmx.launch.monitor import tail
+        from olmx.rundir import tail
 
         raise RunFailed(f"training failed with exit code {rc}; last lines of {log_path}:\n{tail(log_path)}", rc or 1)
-
-    @staticmethod
-    def _cfg(plan: Any) -> LocalConfig:
-        raw = dict(plan.config["infra"])
-        raw.pop("name", None)
-        return LocalConfig(**raw)
 
 
 LOCAL = LocalInfra()

@@ -1,21 +1,25 @@
-"""Shared machinery of the data-parallel strategies (``ddp``, ``fsdp``; ``hsdp`` builds on it).
+"""Shared machinery of the data-parallel strategies (``ddp``, ``ddp_ep``, ``fsdp``, ``hsdp``).
 
-Each strategy fills OLMo-core's ``TransformerDataParallelConfig`` (the train module's
-``dp_config``); the device mesh is OLMo-core's. Precision plugins run after the parallel
-ones and set the config's parameter / reduce dtypes.
+Each strategy lays out the data-parallel ranks (:meth:`olmx.api.ParallelPlugin.layout`) and
+fills OLMo-core's ``TransformerDataParallelConfig`` (the train module's ``dp_config``); the
+device mesh is OLMo-core's. The core sets the config's parameter / reduce dtypes from the
+plan's dtypes after the parallel plugins ran.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from olmx.api import Contribution, World
+from olmx.api import Context, Contribution, Layout, ParallelPlugin, World
+from olmx.errors import ConfigError
 
 
-class DataParallelStrategy:
+class DataParallelStrategy(ParallelPlugin):
     """A data-parallel strategy backed by OLMo-core's ``TransformerDataParallelConfig``."""
 
-    api = ">=1.0,<2"
+    api = ">=2.0,<3"
+    data_parallel = True
 
     def __init__(self, *, name: str, description: str, config: type, summary: str,
                  dp_type: str | None = None) -> None:
@@ -25,16 +29,15 @@ class DataParallelStrategy:
         self.Config = config
         self._summary = summary
 
-    def resolve(self, cfg: Any, run: Any, world: World) -> Contribution:
-        """Check this strategy's own settings (the mesh comes from :meth:`dp_mesh`)."""
-        return Contribution(rows=[("layout", self._summary)], data_parallel=True)
+    def layout(self, cfg: Any, dp_ranks: int, world: World) -> Layout:
+        """Full replicas on every data-parallel rank."""
+        return Layout(replicate=dp_ranks)
 
-    def dp_mesh(self, cfg: Any, dp_ranks: int, world: World) -> dict[str, int]:
-        """Mesh dimensions of the ``dp_ranks`` data-parallel ranks (those not taken by
-        context or other non-data-parallel degrees)."""
-        return {"dp": dp_ranks}
+    def resolve(self, cfg: Any, ctx: Context) -> Contribution:
+        """The layout in words."""
+        return Contribution(rows=[("layout", self._summary)])
 
-    def dp_config_kwargs(self, cfg: Any) -> dict[str, Any]:
+    def dp_config_kwargs(self, cfg: Any, plan: Any) -> dict[str, Any]:
         """Keyword arguments of ``TransformerDataParallelConfig`` beyond ``name``."""
         return {}
 
@@ -44,5 +47,37 @@ class DataParallelStrategy:
         from olmo_core.train.train_module import TransformerDataParallelConfig
 
         train_module["dp_config"] = TransformerDataParallelConfig(
-            name=DataParallelType(self._dp_type), **self.dp_config_kwargs(cfg)
+            name=DataParallelType(self._dp_type), **self.dp_config_kwargs(cfg, plan)
         )
+
+
+WRAPPING = ("full", "blocks", "fine_grained")
+
+
+@dataclass
+class FSDPConfig:
+    """Settings of ``fsdp``."""
+
+    #: OLMo-core wrapping strategy: ``full`` (each block and the LM head), ``blocks`` (each
+    #: block; the LM head stays with the root) or ``fine_grained`` (modules inside blocks too).
+    wrapping_strategy: str = "full"
+    #: Blocks whose all-gather is issued ahead of use (0 = FSDP's default of one).
+    prefetch_factor: int = 0
+
+
+class FullyShardedStrategy(DataParallelStrategy):
+    """FSDP2 through OLMo-core, with its wrapping options."""
+
+    def layout(self, cfg: Any, dp_ranks: int, world: World) -> Layout:
+        """Every parameter sharded over all data-parallel ranks (checks the wrapping strategy)."""
+        if cfg.wrapping_strategy not in WRAPPING:
+            raise ConfigError(f"parallel.{self.name}.wrapping_strategy",
+                              f"'{cfg.wrapping_strategy}' is not one of {', '.join(WRAPPING)}")
+        return Layout(replicate=1, shard=dp_ranks, shards_params=True)
+
+    def dp_config_kwargs(self, cfg: Any, plan: Any) -> dict[str, Any]:
+        """Wrapping strategy and prefetch factor."""
+        from olmo_core.nn.transformer.config import TransformerDataParallelWrappingStrategy
+
+        return {"wrapping_strategy": TransformerDataParallelWrappingStrategy(cfg.wrapping_strategy),
+                "prefetch_factor": cfg.prefetch_factor}

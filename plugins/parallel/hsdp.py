@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from olmx.errors import ConfigError
-from olmx.api import Contribution, World
-from olmx_plugins.parallel.fsdp import FSDPConfig, FullyShardedStrategy
+from olmx.api import Context, Contribution, Layout, World
+from olmx_plugins.parallel.data_parallel import FSDPConfig, FullyShardedStrategy
 
 
 @dataclass
@@ -27,35 +27,10 @@ class HSDPConfig(FSDPConfig):
 class HybridShardedStrategy(FullyShardedStrategy):
     """HSDP through OLMo-core (FSDP2 on a 2-D ``dp_replicate x dp_shard`` mesh)."""
 
-    def resolve(self, cfg: HSDPConfig, run: Any, world: World) -> Contribution:
-        """FSDP's checks, plus the expert-parallel ones when enabled."""
-        c = super().resolve(cfg, run, world)
-        if cfg.expert_parallel:
-            from olmx_plugins.parallel.ddp_ep import check_expert_parallel
-
-            shard = cfg.shard_degree or (world.size // cfg.num_replicas if cfg.num_replicas
-                                         else min(world.nproc_per_node, world.size))
-            c.rows += check_expert_parallel("parallel.hsdp.expert_parallel", shard, run, world.size).rows
-        return c
-
-    def apply_model(self, cfg: HSDPConfig, model: Any, plan: Any) -> None:
-        """With ``expert_parallel``: shard the portable experts over each dp_shard group (a model
-        on the olmo_core MoE backend has none; the moe plugin gives it OLMo-core's own EP)."""
-        if not cfg.expert_parallel:
-            return
-        from torch.distributed.device_mesh import init_device_mesh
-
-        from olmx_plugins.layers.moe.expert_parallel import apply_expert_parallel
-
-        device = "cuda" if plan.world.device == "cuda" else "cpu"
-        # Experts get their own FSDP over the replica groups (the outer HSDP then skips them):
-        # sharded over dp_shard as experts, averaged over dp_replicate.
-        mesh = init_device_mesh(device, (plan.mesh["dp_replicate"], plan.mesh["dp_shard"]),
-                                mesh_dim_names=("dp_replicate", "dp_shard"))
-        apply_expert_parallel(model, ep_mesh=mesh["dp_shard"], replicate_mesh=mesh["dp_replicate"])
-
-    def dp_mesh(self, cfg: HSDPConfig, dp_ranks: int, world: World) -> dict[str, int]:
-        """``dp_replicate x dp_shard`` covering the data-parallel ranks."""
+    def layout(self, cfg: HSDPConfig, dp_ranks: int, world: World) -> Layout:
+        """``dp_replicate x dp_shard`` covering the data-parallel ranks; with
+        ``expert_parallel`` the experts are split over each shard group (``ep = dp_shard``)."""
+        super().layout(cfg, dp_ranks, world)  # the wrapping strategy
         shard = cfg.shard_degree
         if shard is None:
             shard = dp_ranks // cfg.num_replicas if cfg.num_replicas else min(world.nproc_per_node, dp_ranks)
@@ -67,21 +42,24 @@ class HybridShardedStrategy(FullyShardedStrategy):
             raise ConfigError("parallel.hsdp.num_replicas",
                               f"{replicas} replicas x shard_degree {shard} = {replicas * shard}, "
                               f"but there are {dp_ranks} data-parallel ranks")
-        return {"dp_replicate": replicas, "dp_shard": shard}
+        return Layout(replicate=replicas, shard=shard, shards_params=True, hybrid=True,
+                      ep=shard if cfg.expert_parallel else 1, ep_field="parallel.hsdp.expert_parallel")
 
-    def dp_config_kwargs(self, cfg: Any) -> dict[str, Any]:
-        """FSDP's settings plus the replica / shard split (OLMo-core derives the other)."""
-        kwargs = super().dp_config_kwargs(cfg)
-        kwargs["shard_degree"] = cfg.shard_degree
-        kwargs["num_replicas"] = cfg.num_replicas
+    def resolve(self, cfg: HSDPConfig, ctx: Context) -> Contribution:
+        """The layout in words."""
+        c = super().resolve(cfg, ctx)
+        if ctx.mesh.ep > 1:
+            c.rows.append(("expert parallel", f"degree {ctx.mesh.ep} (each dp_shard group), "
+                                              f"{ctx.mesh.dp_replicate} replica group(s)"))
+        return c
+
+    def dp_config_kwargs(self, cfg: Any, plan: Any) -> dict[str, Any]:
+        """FSDP's settings plus both degrees pinned to the plan's mesh, so OLMo-core builds
+        exactly that layout."""
+        kwargs = super().dp_config_kwargs(cfg, plan)
+        kwargs["shard_degree"] = plan.mesh.dp_shard
+        kwargs["num_replicas"] = plan.mesh.dp_replicate
         return kwargs
-
-    def apply_train_module(self, cfg: Any, train_module: dict[str, Any], plan: Any) -> None:
-        """Pin both degrees to the plan's mesh so OLMo-core builds exactly that layout."""
-        from dataclasses import replace
-
-        pinned = replace(cfg, shard_degree=plan.mesh["dp_shard"], num_replicas=plan.mesh["dp_replicate"])
-        super().apply_train_module(pinned, train_module, plan)
 
 
 HSDP = HybridShardedStrategy(

@@ -26,11 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from olmx.errors import ConfigError
-from olmx.api import Contribution, World
-
-#: Bytes per activation element for the all-to-all estimate: 4 under ``precision=fp32``,
-#: else 2 (bf16 / fp16 / mxfp8 all run attention in 16-bit).
-FP32_PRECISIONS = ("fp32",)
+from olmx.api import Context, Contribution, ParallelPlugin, World
 
 
 @dataclass
@@ -66,15 +62,15 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f} MiB"
 
 
-class UlyssesStrategy:
+class UlyssesStrategy(ParallelPlugin):
     """OLMo-core context parallelism in its Ulysses style, with olmx's attention wrapper."""
 
     name = "ulysses"
     description = __doc__.splitlines()[0]
-    api = ">=1.0,<2"
+    api = ">=2.0,<3"
     Config = UlyssesConfig
 
-    def resolve(self, cfg: UlyssesConfig, run: Any, world: World) -> Contribution:
+    def claim(self, cfg: UlyssesConfig, run: Any, world: World) -> dict[str, int]:
         """Check the degree against the world, the heads and the sequence length; claim ``cp``."""
         p, m, seq = cfg.degree, run.model, run.data.seq_len
         if p < 1:
@@ -99,10 +95,16 @@ class UlyssesStrategy:
                               f"'te' does its own Ulysses all-to-all and needs model.n_kv_heads={n_kv} to be "
                               f"a multiple of parallel.ulysses.degree={p}; use torch or flash_2 (olmx then "
                               f"replicates kv heads to {kv})")
+        return {"cp": p}
 
+    def resolve(self, cfg: UlyssesConfig, ctx: Context) -> Contribution:
+        """Tokens and heads per rank, and the all-to-all volume at the plan's compute dtype."""
+        p, m, seq, world = cfg.degree, ctx.run.model, ctx.run.data.seq_len, ctx.world
+        n_kv = m.n_kv_heads or m.n_heads
+        kv = replicated_kv_heads(n_kv, p)
         head_dim = m.d_model // m.n_heads
-        micro = run.trainer.micro_batch_size
-        elem = 4 if run.precision_name in FP32_PRECISIONS else 2
+        micro = ctx.run.trainer.micro_batch_size
+        elem = ctx.dtypes.compute_bytes
         vol = all_to_all_bytes(micro_seqs=micro, seq_len=seq, n_heads=m.n_heads, kv_heads=kv,
                                head_dim=head_dim, degree=p, elem_bytes=elem)
         total = sum(vol.values())
@@ -120,7 +122,7 @@ class UlyssesStrategy:
             ("all-to-all per micro-batch", f"{_mib(2 * total * m.n_layers)} per rank ({m.n_layers} layers, "
                                            f"forward + backward)"),
         ]
-        return Contribution(rows=rows, mesh={"cp": p})
+        return Contribution(rows=rows)
 
     def apply_train_module(self, cfg: UlyssesConfig, train_module: dict[str, Any], plan: Any) -> None:
         """Set OLMo-core's ``cp_config`` to its Ulysses style."""

@@ -37,13 +37,12 @@ gradients, so gradients are exact. Cost: k/v all-to-all volume grows by ``m / H_
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
-from olmx_plugins.parallel.ulysses import replicated_kv_heads
 
 __all__ = ["UlyssesAttention", "apply_ulysses_attention"]
 
@@ -92,7 +91,7 @@ class UlyssesAttention(nn.Module):
         degree = dist.get_world_size(group)
         if self.n_heads % degree:
             raise ValueError(f"Ulysses degree {degree} must divide the {self.n_heads} query heads")
-        kv = replicated_kv_heads(self.n_kv_heads, degree)
+        kv = math.lcm(self.n_kv_heads, degree)  # DeepSpeed-style replication, as the plan says
         self.kv_repeat = kv // self.n_kv_heads
         # The torch backend repeats kv heads by n_heads // n_kv_heads for SDPA; after the
         # replication above that ratio is H / m (the same on every rank's H/P, m/P heads).

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from olmx.errors import ConfigError
-from olmx_plugins.precision.mxfp8 import BLOCK_SIZE, MIN_COMPUTE_CAPABILITY, MXFP8Config, keep_reason
+from olmx_plugins.precision.mx_rules import BLOCK_SIZE, MIN_COMPUTE_CAPABILITY, MXFP8Config, keep_reason
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def ao_mx_config(cfg: MXFP8Config, *, emulate: bool) -> Any:
 
 def split_linears(model: nn.Module, cfg: MXFP8Config) -> tuple[list[str], dict[str, str]]:
     """Names of the linear layers to convert, and the kept ones with the reason (the rule of
-    :func:`olmx_plugins.precision.mxfp8.keep_reason`, applied to the built model)."""
+    :func:`olmx_plugins.precision.mx_rules.keep_reason`, applied to the built model)."""
     convert, kept = [], {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):

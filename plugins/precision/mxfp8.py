@@ -31,90 +31,20 @@ checkpointing, compile and FSDP/DDP). On SM100 it goes through OLMo-core's
 
 from __future__ import annotations
 
-import fnmatch
-from dataclasses import dataclass, field
 from typing import Any
 
+from olmx.api import Context, Contribution, Dtypes, Mesh, PrecisionPlugin, World
 from olmx.errors import ConfigError
-from olmx.plan.linears import LinearLayer, model_linears
-from olmx.api import Contribution, World
-from olmx_plugins.precision.bf16 import SHARDED, apply_mixed_precision, resolve_mixed_precision, sharded
-
-#: Elements sharing one E8M0 scale (OCP MX v1.0).
-BLOCK_SIZE = 32
-#: Compute capability from which MX block-scaled FP8 tensor cores exist (Blackwell: B200, GB200, B300).
-MIN_COMPUTE_CAPABILITY = (10, 0)
-SCALE_MODES = ("rceil", "floor")
-#: Module-name patterns (fnmatch, on fully-qualified names) kept in high precision, and why.
-KEEP: tuple[tuple[str, str], ...] = (
-    ("lm_head.*", "output head: its logits feed the softmax and loss (OLMo-core never converts it)"),
-    ("*router*", "MoE router: small score errors flip the top-k expert choice"),
-    ("*engram*", "Engram table lookups and projections"),
+from olmx.plan.linears import LinearLayer
+from olmx_plugins.precision.mx_rules import (
+    BLOCK_SIZE,
+    MIN_COMPUTE_CAPABILITY,
+    SCALE_MODES,
+    MXFP8Config,
+    keep_reason,
 )
-#: Parallel plugins that shard the sequence, so a linear layer sees tokens / degree per micro-batch.
-SEQUENCE_SHARDING = ("ulysses", "ring", "cp")
 
-
-@dataclass
-class MXFP8Config:
-    """Settings of ``mxfp8``."""
-
-    #: Run torchao's emulated MX recipe (quantize, dequantize, high-precision matmul) instead
-    #: of SM100 kernels: the same numerics on any device, this CPU included, but slow (about
-    #: 2.6x fp32 on a CPU, far slower than bf16 on a GPU). For checking numerics, not for speed.
-    emulate: bool = False
-    #: How each block's E8M0 scale is chosen: ``rceil`` (2^ceil(log2(amax/448)), no element
-    #: saturates; NVIDIA cuBLAS, OLMo-core's standard recipe) or ``floor`` (OCP's basic rule;
-    #: saturates the largest elements of a block).
-    scale_calculation_mode: str = "rceil"
-    #: dtype of everything that is not an MX linear layer, as ``precision.bf16.param_dtype``
-    #: (FSDP all-gather dtype, else autocast). null: bfloat16, except float32 on CPU without
-    #: fsdp/hsdp (torchao 0.15's MXLinear follows CUDA autocast only).
-    param_dtype: str | None = None
-    #: dtype of the gradient reduction, as ``precision.bf16.reduce_dtype``.
-    reduce_dtype: str = "float32"
-    #: More module-name patterns (fnmatch on names such as ``blocks.0.attention.w_q``) to keep
-    #: in high precision, besides the output head, MoE routers and Engram.
-    exclude: list[str] = field(default_factory=list)
-
-
-def keep_reason(name: str, in_features: int, out_features: int, *, exclude: list[str] | tuple[str, ...] = (),
-                subclass: bool = False) -> str | None:
-    """Why the linear layer ``name`` stays in high precision, or None if it becomes MXFP8.
-    The one rule, used by the plan (torch-free) and by the conversion of the built model."""
-    for pattern in exclude:
-        if fnmatch.fnmatchcase(name, pattern):
-            return f"precision.mxfp8.exclude matches '{pattern}'"
-    for pattern, reason in KEEP:
-        if fnmatch.fnmatchcase(name, pattern):
-            return reason
-    if subclass:
-        return "nn.Linear subclass: torchao converts by replacing the class, dropping its own methods"
-    bad = [f"{key}={n}" for key, n in (("in_features", in_features), ("out_features", out_features))
-           if n % BLOCK_SIZE]
-    if bad:
-        return f"{', '.join(bad)} not a multiple of the MX block size {BLOCK_SIZE}"
-    return None
-
-
-def tokens_per_micro_batch(run: Any) -> tuple[int, str]:
-    """Tokens one linear layer sees per micro-batch on one rank, and how they come about."""
-    tokens = run.trainer.micro_batch_size * run.data.seq_len
-    how = f"trainer.micro_batch_size={run.trainer.micro_batch_size} x data.seq_len={run.data.seq_len}"
-    for name, cfg in run.parallel.items():
-        degree = getattr(cfg, "degree", None)
-        if name in SEQUENCE_SHARDING and degree:
-            tokens //= degree
-            how += f" / parallel.{name}.degree={degree}"
-    return tokens, how
-
-
-def resolve_param_dtype(cfg: MXFP8Config, *, device: str, parallel: Any) -> str:
-    """The dtype of the non-MX parts: ``cfg.param_dtype``, its null default resolved for the
-    device and the parallel strategies (names) of the run."""
-    if cfg.param_dtype is not None:
-        return cfg.param_dtype
-    return "float32" if device == "cpu" and not any(name in SHARDED for name in parallel) else "bfloat16"
+__all__ = ["MXFP8", "MXFP8Config", "keep_reason"]
 
 
 def hardware(world: World) -> str:
@@ -135,19 +65,31 @@ def _shown(layers: list[LinearLayer]) -> str:
     return ", ".join(f"{key} (x{len(names)})" if len(names) > 1 else names[0] for key, names in groups.items())
 
 
-class MXFP8Precision:
+class MXFP8Precision(PrecisionPlugin):
     """MXFP8 linear layers through OLMo-core's Float8Config (SM100+) or torchao's emulation."""
 
     name = "mxfp8"
     description = __doc__.splitlines()[0]
-    api = ">=1.0,<2"
+    api = ">=2.0,<3"
     Config = MXFP8Config
 
-    def resolve(self, cfg: MXFP8Config, run: Any, world: World) -> Contribution:
+    def dtypes(self, cfg: MXFP8Config, run: Any, world: World, mesh: Mesh) -> Dtypes:
+        """The dtypes of everything that is not an MX linear layer: ``param_dtype``, whose null
+        default is bfloat16, except float32 on CPU where parameters are not sharded (there
+        bfloat16 would mean CPU autocast, which torchao 0.15's MXLinear ignores)."""
+        param = cfg.param_dtype or ("float32" if world.device == "cpu" and not mesh.shards_params else "bfloat16")
+        if world.device == "cpu" and param == "bfloat16" and not mesh.shards_params:
+            raise ConfigError(
+                "precision.mxfp8.param_dtype",
+                "bfloat16 without a data-parallel strategy that shards parameters (parallel=[fsdp] or [hsdp]) means "
+                "CPU autocast, which torchao 0.15's MXLinear ignores (it follows CUDA autocast only), so bfloat16 "
+                "activations would meet float32 weights; set precision.mxfp8.param_dtype=float32 or use fsdp")
+        return Dtypes(param=param, reduce=cfg.reduce_dtype)
+
+    def resolve(self, cfg: MXFP8Config, ctx: Context) -> Contribution:
         """Check the hardware, the model's dimensions and the micro-batch; list the converted
         and the kept linear layers; state what is kept in which dtype."""
-        from olmx.plan.resolve import padded_vocab
-
+        run, world = ctx.run, ctx.world
         if cfg.scale_calculation_mode not in SCALE_MODES:
             raise ConfigError("precision.mxfp8.scale_calculation_mode",
                               f"'{cfg.scale_calculation_mode}' is not one of {', '.join(SCALE_MODES)}")
@@ -160,14 +102,7 @@ class MXFP8Precision:
                 f"MXFP8 needs an NVIDIA GPU with compute capability {need} or newer (SM100: B200, GB200, B300), whose "
                 f"tensor cores multiply block-scaled FP8; found {hardware(world)}. Use precision=bf16, or set "
                 f"precision.mxfp8.emulate=true to run torchao's emulated MX recipe (same numerics, slow)")
-        param_dtype = resolve_param_dtype(cfg, device=world.device, parallel=run.parallel)
-        if world.device == "cpu" and param_dtype == "bfloat16" and not sharded(run):
-            raise ConfigError(
-                "precision.mxfp8.param_dtype",
-                f"bfloat16 without {' or '.join(f'parallel=[{s}]' for s in SHARDED)} means CPU autocast, which "
-                f"torchao 0.15's MXLinear ignores (it follows CUDA autocast only), so bfloat16 activations would "
-                f"meet float32 weights; set precision.mxfp8.param_dtype=float32 or use fsdp")
-        tokens, how = tokens_per_micro_batch(run)
+        tokens, how = ctx.tokens_per_rank()
         if tokens % BLOCK_SIZE:
             raise ConfigError(
                 "trainer.micro_batch_size",
@@ -181,7 +116,7 @@ class MXFP8Precision:
                 f"(use precision=bf16, or a d_model divisible by {BLOCK_SIZE})")
 
         converted, kept = [], {}
-        for layer in model_linears(run, padded_vocab(run.data.tokenizer.vocab_size)):
+        for layer in ctx.linear_layers():
             why = keep_reason(layer.name, layer.in_features, layer.out_features, exclude=cfg.exclude,
                               subclass=layer.subclass)
             if why is None:
@@ -204,18 +139,12 @@ class MXFP8Precision:
             ("kernels", kernels),
             ("MXFP8 linear layers", f"{len(converted)}: {_shown(converted)}"),
         ]
-        rows += [(f"kept in {param_dtype}", f"{_shown(v)}: {k}") for k, v in kept.items()]
-        rows += [(label.replace("compute", "compute outside MXFP8 layers", 1), value) for label, value
-                 in resolve_mixed_precision("precision.mxfp8", param_dtype, cfg.reduce_dtype, run, world)]
+        rows += [(f"kept in {ctx.dtypes.param}", f"{_shown(v)}: {k}") for k, v in kept.items()]
+        rows += ctx.dtype_rows(compute_label="compute outside MXFP8 layers")
         rows.append(("tokens per micro-batch", f"{tokens} ({how}), a multiple of {BLOCK_SIZE}"))
         if cfg.emulate:
             rows.append(("warning", "emulated MXFP8 is slow: use it to check numerics, not to train for speed"))
         return Contribution(rows=rows)
-
-    def apply_train_module(self, cfg: MXFP8Config, train_module: dict[str, Any], plan: Any) -> None:
-        """The non-MX parts: FSDP mixed precision or autocast, as ``bf16`` does."""
-        param_dtype = resolve_param_dtype(cfg, device=plan.world.device, parallel=plan.config["parallel"])
-        apply_mixed_precision(param_dtype, cfg.reduce_dtype, train_module)
 
     def apply_model(self, cfg: MXFP8Config, model: Any, plan: Any) -> None:
         """Convert the built model's linear layers to MXFP8 (before any parallelism)."""

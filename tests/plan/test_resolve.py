@@ -6,7 +6,8 @@ from datetime import datetime
 
 from olmx.config.compose import compose, to_object
 from olmx.plan import Plan
-from olmx.plan.resolve import latest_checkpoint, padded_vocab, resolve
+from olmx.plan.resolve import padded_vocab, resolve
+from olmx.rundir import RunDir
 from olmx.registry import registry
 
 
@@ -19,7 +20,7 @@ def test_default_plan(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     plan = plan_for()
     assert plan.world.size == 2 and plan.world.device == "cpu"
-    assert plan.mesh == {"dp": 2}
+    assert plan.mesh.dims() == {"dp": 2}
     assert (plan.batch.global_seqs, plan.batch.micro_seqs, plan.batch.dp_ranks, plan.batch.grad_accum) == (16, 8, 2, 1)
     assert plan.batch.global_tokens == 16 * 256 and plan.vocab_size == 384
     assert plan.run_dir == str(tmp_path / "runs" / "20260102-030405-tiny")
@@ -30,7 +31,7 @@ def test_default_plan(tmp_path, monkeypatch):
 def test_gradient_accumulation_and_single_process():
     plan = plan_for("infra.nproc_per_node=1", "parallel=[]", "trainer.global_batch_size=32", "trainer.micro_batch_size=4")
     assert plan.world.size == 1 and plan.batch.dp_ranks == 1 and plan.batch.grad_accum == 8
-    assert plan.mesh == {"dp": 1}
+    assert plan.mesh.dims() == {"dp": 1}
 
 
 def test_padded_vocab():
@@ -44,7 +45,7 @@ def test_resume_step_is_the_newest_complete_checkpoint(tmp_path):
         d.mkdir(parents=True)
         if complete:
             (d / ".metadata.json").write_text("{}")
-    assert latest_checkpoint(run) == 20
+    assert RunDir(run).latest_checkpoint() == 20
     assert plan_for(f"trainer.run_dir={run}").resume_step == 20
     assert plan_for(f"trainer.run_dir={run}", "trainer.resume=false").resume_step is None
 

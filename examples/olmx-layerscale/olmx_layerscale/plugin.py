@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from olmx.errors import ConfigError
-from olmx.api import Contribution, World
+from olmx.api import Context, Contribution, LayerPlugin
 
 #: Residual branches of an OLMo-core block, by the prefix of their ``*_residual_stream`` module.
 BRANCHES = ("attention", "feed_forward")
@@ -54,17 +54,17 @@ def param_patterns(cfg: LayerScaleConfig) -> list[str]:
     return [f"blocks.*{branch}_residual_stream.scale" for branch in cfg.branches]
 
 
-class LayerScaleLayer:
+class LayerScaleLayer(LayerPlugin):
     """The ``layerscale`` layer plugin."""
 
     name = "layerscale"
     description = __doc__.splitlines()[0]
-    api = ">=1.0,<2"
+    api = ">=2.0,<3"
     Config = LayerScaleConfig
 
-    def resolve(self, cfg: LayerScaleConfig, run: Any, world: World) -> Contribution:
+    def resolve(self, cfg: LayerScaleConfig, ctx: Context) -> Contribution:
         """Check the settings against the model; report the scales it adds (d_model each)."""
-        n_layers, d_model = run.model.n_layers, run.model.d_model
+        n_layers, d_model = ctx.run.model.n_layers, ctx.run.model.d_model
         if not math.isfinite(cfg.init):
             raise ConfigError("layers.layerscale.init", f"must be a finite number, got {cfg.init}")
         if cfg.every < 1:

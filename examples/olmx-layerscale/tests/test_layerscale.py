@@ -23,11 +23,16 @@ def run_of(n_layers: int = 4, d_model: int = 64) -> SimpleNamespace:
     return SimpleNamespace(model=SimpleNamespace(n_layers=n_layers, d_model=d_model))
 
 
+def ctx_of(run: SimpleNamespace) -> SimpleNamespace:
+    """What ``resolve`` reads of olmx's :class:`olmx.api.Context` (the run and the world)."""
+    return SimpleNamespace(run=run, world=WORLD)
+
+
 def preset(name: str) -> dict:
     return yaml.safe_load((files("olmx_layerscale.conf") / "layers" / f"{name}.yaml").read_text())
 
 
-def test_it_satisfies_the_layer_protocol():
+def test_it_is_a_layer_plugin():
     assert isinstance(LAYERSCALE, LayerPlugin)
     assert LAYERSCALE.name == "layerscale"
     assert olmx.PLUGIN_API in SpecifierSet(LAYERSCALE.api)
@@ -47,10 +52,10 @@ def test_blocks_are_chosen_by_every_or_by_index():
 
 
 def test_resolve_counts_the_added_parameters():
-    c = LAYERSCALE.resolve(LayerScaleConfig(every=2), run_of(n_layers=4, d_model=64), WORLD)
+    c = LAYERSCALE.resolve(LayerScaleConfig(every=2), ctx_of(run_of(n_layers=4, d_model=64)))
     assert c.params == c.active_params == 2 * 2 * 64
     assert ("blocks", "0, 2 (every 2, of 4)") in c.rows
-    c = LAYERSCALE.resolve(LayerScaleConfig(blocks=[3], branches=["feed_forward"]), run_of(), WORLD)
+    c = LAYERSCALE.resolve(LayerScaleConfig(blocks=[3], branches=["feed_forward"]), ctx_of(run_of()))
     assert c.params == 64
 
 
@@ -64,7 +69,7 @@ def test_resolve_counts_the_added_parameters():
 ])
 def test_resolve_rejects_bad_settings(cfg, message):
     with pytest.raises(ConfigError, match=message):
-        LAYERSCALE.resolve(cfg, run_of(), WORLD)
+        LAYERSCALE.resolve(cfg, ctx_of(run_of()))
 
 
 def test_the_stream_adds_the_scaled_branch_and_learns_its_scale():
@@ -112,7 +117,7 @@ def test_apply_model_edits_the_chosen_blocks_of_a_real_model(block):
         assert not isinstance(model.blocks["1"].feed_forward_residual_stream, LayerScaleResidualStream)
         assert all(torch.equal(p, torch.full((32,), init)) for n, p in model.named_parameters() if n in names)
         added = sum(p.numel() for p in model.parameters()) - base_params
-        assert added == LAYERSCALE.resolve(cfg, run_of(n_layers=3, d_model=32), WORLD).params == 4 * 32
+        assert added == LAYERSCALE.resolve(cfg, ctx_of(run_of(n_layers=3, d_model=32))).params == 4 * 32
     # Scales of 1 leave the model's function unchanged (same init seed); 0.1 changes it.
     assert torch.equal(outputs[1.0], outputs[None])
     assert not torch.allclose(outputs[0.1], outputs[None], atol=1e-3)

@@ -59,26 +59,25 @@ def up(
     from olmx.plan.resolve import resolve
     from olmx.registry import registry
     from olmx_plugins.infra.runpod.client import ReadyCluster, redacted_request
-    from olmx_plugins.infra.runpod.plugin import RUNPOD, _pod_env
-
     reg = registry()
+    infra = reg.get("infra", "runpod")  # this group's own plugin, as the registry loaded it
     overrides = list(overrides or [])
     run = to_object(compose(["infra=runpod", *overrides], reg), reg)
     if run.infra_name != "runpod":
         raise ConfigError("infra", f"olmx provision runpod provisions infra=runpod, not infra={run.infra_name}")
     plan = resolve(run, reg)
-    cfg = RUNPOD._cfg(plan)
-    name = RUNPOD._name(cfg, plan)
+    cfg = plan.infra
+    name = infra._name(cfg, plan)
     if dry_run:
         shown = {**cfg.env, **{k: f"<redacted: ${k} of the launching environment>" for k in cfg.pass_env}}
-        path, body = RUNPOD.request(cfg, name=name, env=shown)
+        path, body = infra.request(cfg, name=name, env=shown)
         out.print(redacted_request("POST", path, body), markup=False)
         return
-    env = _pod_env(cfg)
-    RUNPOD.request(cfg, name=name, env=env)
+    env = infra.pod_env(cfg)
+    infra.request(cfg, name=name, env=env)
     client = _client()
     with err.status(f"Creating RunPod {'cluster' if cfg.nodes > 1 else 'pod'} {name} and waiting until it runs"):
-        ready = client.provision(RUNPOD.spec_for(cfg, name=name, env=env), timeout=cfg.wait_timeout,
+        ready = client.provision(infra.spec_for(cfg, name=name, env=env), timeout=cfg.wait_timeout,
                                  poll=cfg.poll_seconds)
     key = ["-i", cfg.ssh_key] if cfg.ssh_key else []
     train = " ".join(["olmx train", *overrides])

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from olmx.api import InfraPlugin, World
 from olmx.errors import ConfigError, LaunchError, RunFailed
 from olmx.launch import TorchrunConfig
-from olmx.api import World
+from olmx.rundir import RunDir
 
 #: RunPod's PyTorch image with olmx's torch pin (2.13.0). Why this tag: it is the CUDA 13.0
 #: build of RunPod's 1.2.0 image line (runpod/containers, official-templates/pytorch), and
@@ -41,8 +42,6 @@ DEFAULT_IMAGE = "runpod/pytorch:1.2.0-cu1300-torch2130-ubuntu2404"
 DEFAULT_FLASH_ATTN_WHEEL = (
     "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3.post1/"
     "flash_attn-2.8.3.post1+cu13torch2.13cxx11abiTRUE-{python_tag}-{python_tag}-linux_x86_64.whl")
-#: File in the run directory that records the pods of the run.
-LAUNCH_FILE = "launch.json"
 #: Local known-hosts file of the run (pods' host keys).
 KNOWN_HOSTS = ".ssh_known_hosts"
 #: Template of the bootstrap script inside the templates folder.
@@ -122,12 +121,12 @@ class RunPodConfig(TorchrunConfig):
     poll_seconds: float = 10.0
 
 
-class RunPodInfra:
+class RunPodInfra(InfraPlugin):
     """RunPod: GPU pods (an instant cluster for several nodes) made through RunPod's REST API, trained on over SSH."""
 
     name = "runpod"
     description = __doc__.splitlines()[0]
-    api = ">=1.0,<2"
+    api = ">=2.0,<3"
     Config = RunPodConfig
 
     def commands(self) -> Any:
@@ -211,12 +210,11 @@ class RunPodInfra:
 
     # -- dry run -----------------------------------------------------------------------------
 
-    def dry_run(self, plan: Any) -> str:
+    def dry_run(self, cfg: RunPodConfig, plan: Any) -> str:
         """The requests (key and passed secrets redacted), the bootstrap script and the SSH
         steps, in order. Sends nothing and needs no API key."""
         from olmx_plugins.infra.runpod.client import redacted_request
 
-        cfg = self._cfg(plan)
         shown_env = {**cfg.env, **{k: f"<redacted: ${k} of the launching environment>" for k in cfg.pass_env}}
         w = cfg.workdir
         stop = ('DELETE /v2/clusters/{id}  (an instant cluster cannot be stopped)' if cfg.nodes > 1
@@ -238,7 +236,7 @@ class RunPodInfra:
             + (f", run/checkpoints/step{plan.resume_step} (resuming)" if plan.resume_step is not None else ""),
             "#    then start it: ssh ... 'cd {w} && NODE_RANK=<rank> NUM_NODES={n} nohup setsid bash bootstrap.sh &'. "
             "bootstrap.sh:".format(w=w, n=cfg.nodes),
-            self.bootstrap(plan).rstrip("\n"),
+            self.bootstrap(cfg, plan).rstrip("\n"),
             f"\n# 3. Follow: every {cfg.poll_seconds:g} s, copy new lines of {w}/run/metrics.jsonl and the node-0 log "
             "into the local run directory (progress bar)",
             f"# 4. Copy {w}/run (checkpoints, metrics, summary, logs) back into {plan.run_dir}",
@@ -246,12 +244,11 @@ class RunPodInfra:
         ]
         return "\n".join(parts)
 
-    def bootstrap(self, plan: Any, launch_id: str = "runpod-LAUNCH") -> str:
+    def bootstrap(self, cfg: RunPodConfig, plan: Any, launch_id: str = "runpod-LAUNCH") -> str:
         """The bootstrap script every node of one launch runs (``templates/runpod/bootstrap.sh.j2``);
         ``launch_id`` names the launch in ``events.jsonl`` (each launch gets a fresh one)."""
         from olmx.launch import render_template, torchrun_env, torchrun_flags
 
-        cfg = self._cfg(plan)
         return render_template(
             TEMPLATE, workdir=cfg.workdir, python=cfg.python, nproc_per_node=plan.world.nproc_per_node,
             env=sorted(cfg.env.items()), torch_version=_torch_pin(), install=cfg.install,
@@ -261,20 +258,19 @@ class RunPodInfra:
 
     # -- launch ------------------------------------------------------------------------------
 
-    def launch(self, plan: Any) -> int:
+    def launch(self, cfg: RunPodConfig, plan: Any) -> int:
         """Provision (or reuse), ship, start, follow, copy back, stop."""
         from rich.console import Console
 
         from olmx_plugins.infra.runpod import remote as rm
         from olmx_plugins.infra.runpod.client import RunPodClient
 
-        cfg = self._cfg(plan)
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         shipped_data(plan, cfg)  # refused before any pod exists
         client = RunPodClient.from_env()
         nodes, cluster_id, created = self._acquire(client, cfg, plan, console)
         remotes = [self._remote(plan, cfg, node.ssh) for node in nodes]
-        _write_record(plan.run_dir, {
+        RunDir(plan.run_dir).write_launch({
             "infra": self.name, "pods": [{"id": n.id, "host": n.ssh.host, "port": n.ssh.port, "user": n.ssh.username}
                                          for n in nodes],
             "cluster_id": cluster_id, "created": created, "workdir": cfg.workdir,
@@ -341,7 +337,7 @@ class RunPodInfra:
                 client.start_pod(cfg.pod_id)
             console.print(f"Using RunPod pod {cfg.pod_id}")
             return [client.wait_until_running(cfg.pod_id, **wait)], None, False
-        env = _pod_env(cfg)
+        env = self.pod_env(cfg)
         self.request(cfg, name=self._name(cfg, plan), env=env)  # checked before anything is created
         console.print(f"Creating a RunPod {'cluster' if cfg.nodes > 1 else 'pod'} ({_what(cfg)}) "
                       "and waiting until it runs ...")
@@ -359,24 +355,24 @@ class RunPodInfra:
         from olmx_plugins.infra.runpod import remote as rm
 
         run_dir = f"{cfg.workdir}/run"
-        config = json.loads(json.dumps(plan.config))
-        config["trainer"]["run_dir"] = run_dir
         data_files = shipped_data(plan, cfg)
+        data = plan.run.data
         if data_files:
-            config["data"]["paths"] = [f"{cfg.workdir}/{name}" for name in data_files]
-        pod_plan = replace(plan, run_dir=run_dir, config=config)
+            data = replace(data, paths=[f"{cfg.workdir}/{name}" for name in data_files])
+        run = replace(plan.run, trainer=replace(plan.run.trainer, run_dir=run_dir), data=data)
+        pod_plan = replace(plan, run_dir=run_dir, run=run)
         files = {"run/plan.yaml": yaml.safe_dump(pod_plan.to_dict(), sort_keys=False).encode(),
-                 "bootstrap.sh": self.bootstrap(plan, launch_id).encode(),
+                 "bootstrap.sh": self.bootstrap(cfg, plan, launch_id).encode(),
                  "constraints.txt": "".join(f"{r}\n" for r in pinned_requirements()).encode()}
         trees: list[tuple[str, Path]] = list(data_files.items())
         if cfg.install:
             root = rm.source_root()
             trees += [(f"olmx-src/{part}", root / part) for part in rm.SOURCE_PARTS]
         if plan.resume_step is not None:
-            local = Path(plan.run_dir)
-            trees.append((f"run/checkpoints/step{plan.resume_step}", local / "checkpoints" / f"step{plan.resume_step}"))
-            if (local / "metrics.jsonl").exists():
-                files["run/metrics.jsonl"] = (local / "metrics.jsonl").read_bytes()
+            local = RunDir(plan.run_dir)
+            trees.append((f"run/checkpoints/step{plan.resume_step}", local.checkpoints / f"step{plan.resume_step}"))
+            if local.metrics.exists():
+                files["run/metrics.jsonl"] = local.metrics.read_bytes()
         return rm.bundle(files, trees)
 
     def _follow(self, plan: Any, cfg: RunPodConfig, watch: Any, console: Any) -> None:
@@ -445,12 +441,12 @@ class RunPodInfra:
 
     # -- olmx jobs ---------------------------------------------------------------------------
 
-    def job_status(self, plan: Any) -> str:
+    def job_status(self, cfg: RunPodConfig, plan: Any) -> str:
         """The pods' RunPod status, and the training's state and last step on node 0."""
         from olmx_plugins.infra.runpod import remote as rm
         from olmx_plugins.infra.runpod.client import RunPodClient
 
-        record, cfg = _read_record(plan.run_dir), self._cfg(plan)
+        record = RunDir(plan.run_dir).read_launch("RunPod")
         client = RunPodClient.from_env()
         lines = [f"RunPod pod {pod['id']}: {client.get_pod(pod['id']).get('status', '?')}" for pod in record["pods"]]
         try:
@@ -460,26 +456,26 @@ class RunPodInfra:
         lines.append("training: running" if code is None else f"training: ended with exit status {code}")
         if last:
             loss = f", loss {last['loss']:.4f}" if last.get("loss") is not None else ""
-            lines.append(f"progress: step {last['step']}/{plan.config['trainer']['max_steps']}{loss}")
+            lines.append(f"progress: step {last['step']}/{plan.run.trainer.max_steps}{loss}")
         return "\n".join(lines)
 
-    def job_logs(self, plan: Any, lines: int) -> str:
+    def job_logs(self, cfg: RunPodConfig, plan: Any, lines: int) -> str:
         """The end of node 0's log, read on the pod."""
         import shlex
 
-        record, cfg = _read_record(plan.run_dir), self._cfg(plan)
+        record = RunDir(plan.run_dir).read_launch("RunPod")
         r = self._record_remotes(plan, cfg, record)[0]
         log = shlex.quote(f"{cfg.workdir}/run/logs/node0.log")
         return r.run(f"tail -n {int(lines)} {log}", what="reading the log").decode(errors="replace")
 
-    def job_cancel(self, plan: Any) -> None:
+    def job_cancel(self, cfg: RunPodConfig, plan: Any) -> None:
         """Stop the training, copy the run back, stop the pods (unless ``infra.keep``)."""
         from rich.console import Console
 
         from olmx_plugins.infra.runpod import remote as rm
         from olmx_plugins.infra.runpod.client import ReadyPod, RunPodClient, SshEndpoint
 
-        record, cfg = _read_record(plan.run_dir), self._cfg(plan)
+        record = RunDir(plan.run_dir).read_launch("RunPod")
         remotes = self._record_remotes(plan, cfg, record)
         for r in remotes:
             rm.kill(r, cfg.workdir)
@@ -510,28 +506,22 @@ class RunPodInfra:
         return "pod", nodes[0].id, TERMINATE_POD_COMMAND.format(id=nodes[0].id)
 
     @staticmethod
-    def _name(cfg: RunPodConfig, plan: Any) -> str:
-        return cfg.pod_name or f"olmx-{Path(plan.run_dir).name}"
+    def pod_env(cfg: RunPodConfig) -> dict[str, str]:
+        """The pod's environment: ``env`` plus the values of ``pass_env`` from this environment."""
+        missing = [k for k in cfg.pass_env if k not in os.environ]
+        if missing:
+            raise ConfigError("infra.pass_env", f"{', '.join(missing)} not set in this environment")
+        return {**cfg.env, **{k: os.environ[k] for k in cfg.pass_env}}
 
     @staticmethod
-    def _cfg(plan: Any) -> RunPodConfig:
-        raw = dict(plan.config["infra"])
-        raw.pop("name", None)
-        return RunPodConfig(**raw)
+    def _name(cfg: RunPodConfig, plan: Any) -> str:
+        return cfg.pod_name or f"olmx-{Path(plan.run_dir).name}"
 
 
 def _what(cfg: RunPodConfig) -> str:
     if not cfg.gpus_per_node:
         return f"CPU {cfg.cpu_flavor} x {cfg.vcpus} vCPUs"
     return f"{cfg.nodes} x {cfg.gpus_per_node} {cfg.gpu_type}"
-
-
-def _pod_env(cfg: RunPodConfig) -> dict[str, str]:
-    """The pod's environment: ``env`` plus the values of ``pass_env`` from this environment."""
-    missing = [k for k in cfg.pass_env if k not in os.environ]
-    if missing:
-        raise ConfigError("infra.pass_env", f"{', '.join(missing)} not set in this environment")
-    return {**cfg.env, **{k: os.environ[k] for k in cfg.pass_env}}
 
 
 def _torch_pin() -> str:
@@ -593,10 +583,10 @@ def shipped_data(plan: Any, cfg: RunPodConfig) -> dict[str, Path]:
     (``data/000-name``, in ``data.paths`` order); ConfigError above ``infra.ship_data_max_gb``."""
     from olmx.worker.data import text_files
 
-    data = plan.config["data"]
-    if not cfg.ship_data or data["name"] == "stdlib":
+    data = plan.run.data
+    if not cfg.ship_data or data.name == "stdlib":
         return {}
-    files = text_files(list(data["paths"]))
+    files = text_files(list(data.paths))
     total = sum(f.stat().st_size for f in files)
     if total > cfg.ship_data_max_gb * 1e9:
         raise ConfigError("infra.ship_data_max_gb", f"data.paths hold {total / 1e9:.1f} GB, more than the "
@@ -613,23 +603,9 @@ def _shipped_data_note(plan: Any, cfg: RunPodConfig) -> str:
     return f", data/ ({len(files)} data file(s), {sum(f.stat().st_size for f in files.values()) / 1e6:.1f} MB)"
 
 
-def _write_record(run_dir: str, record: dict[str, Any]) -> None:
-    path = Path(run_dir) / LAUNCH_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
-
-
-def _read_record(run_dir: str) -> dict[str, Any]:
-    path = Path(run_dir) / LAUNCH_FILE
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LaunchError(f"{path} does not exist: this run was not started on RunPod") from None
-
-
 def _localize_summary(run_dir: str) -> None:
     """The copied ``summary.json`` names the pod's run directory; name the local one."""
-    path = Path(run_dir) / "summary.json"
+    path = RunDir(run_dir).summary
     if path.exists():
         summary = json.loads(path.read_text())
         summary["run_dir"] = str(run_dir)

@@ -351,22 +351,3 @@ def cancel(job_id: str, *, signal: str | None = None, batch_only: bool = False) 
 def log_path(job_id: str, run_dir: str | os.PathLike[str]) -> Path:
     """Where the job's output and errors go (``--output``/``--error`` of the template)."""
     return Path(run_dir).absolute() / f"slurm-{job_id}.out"
-
-
-def tail(path: str | os.PathLike[str], n: int = 20) -> str:
-    """The last ``n`` lines of a text file, read from its end; ``""`` when it does not exist
-    yet (a pending job has no log)."""
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        return ""
-    with f:
-        end = f.seek(0, os.SEEK_END)
-        data = b""
-        while end > 0 and data.count(b"\n") <= n:
-            step = min(1 << 16, end)
-            end -= step
-            f.seek(end)
-            data = f.read(step) + data
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    return "\n".join(lines[-n:]) if n > 0 else ""

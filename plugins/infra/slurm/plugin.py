@@ -13,19 +13,17 @@ the job later.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from olmx.api import InfraPlugin, World
 from olmx.errors import ConfigError, LaunchError, RunFailed
 from olmx.launch import TorchrunConfig, torchrun_env
-from olmx.api import World
+from olmx.rundir import RunDir, tail
 
-#: File in the run directory that records the submitted job.
-LAUNCH_FILE = "launch.json"
 #: File in the run directory that holds the submitted batch script.
 SCRIPT_FILE = "sbatch.sh"
 
@@ -79,12 +77,12 @@ class SlurmConfig(TorchrunConfig):
     poll_seconds: float = 5.0
 
 
-class SlurmInfra:
+class SlurmInfra(InfraPlugin):
     """A Slurm cluster: one sbatch job per run (torchrun on every node), followed from the terminal."""
 
     name = "slurm"
     description = __doc__.splitlines()[0]
-    api = ">=1.0,<2"
+    api = ">=2.0,<3"
     Config = SlurmConfig
 
     def world(self, cfg: SlurmConfig) -> World:
@@ -113,29 +111,32 @@ class SlurmInfra:
 
     # -- the batch script ------------------------------------------------------------------
 
-    def script(self, plan: Any) -> str:
+    def script(self, cfg: SlurmConfig, plan: Any) -> str:
         """The exact batch script of the run."""
-        return _render(self._cfg(plan), run_dir=plan.run_dir, plan_path=str(plan.plan_path),
+        return _render(cfg, run_dir=plan.run_dir, plan_path=str(plan.plan_path),
                        nproc_per_node=plan.world.nproc_per_node)
 
-    def dry_run(self, plan: Any) -> str:
+    def dry_run(self, cfg: SlurmConfig, plan: Any) -> str:
         """The batch script, exactly as it would be written to ``RUN_DIR/sbatch.sh`` and
         submitted with ``sbatch --parsable``."""
-        return self.script(plan)
+        return self.script(cfg, plan)
+
+    def reports_here(self, cfg: SlurmConfig) -> bool:
+        """Not for a detached job: it has not run yet."""
+        return not cfg.detach
 
     # -- launching and following -----------------------------------------------------------
 
-    def launch(self, plan: Any) -> int:
+    def launch(self, cfg: SlurmConfig, plan: Any) -> int:
         """Submit the job and follow it (or return at once with ``infra.detach``)."""
         from rich.console import Console
 
         from olmx_plugins.infra.slurm import jobs
 
-        cfg = self._cfg(plan)
-        script = self.script(plan)
+        script = self.script(cfg, plan)
         job_id = jobs.submit(script, run_dir=plan.run_dir, filename=SCRIPT_FILE)
         log = jobs.log_path(job_id, plan.run_dir)
-        _write_record(plan.run_dir, {"infra": self.name, "job_id": job_id, "log": str(log),
+        RunDir(plan.run_dir).write_launch({"infra": self.name, "job_id": job_id, "log": str(log),
                                      "script": str(Path(plan.run_dir) / SCRIPT_FILE),
                                      "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         out = Console(highlight=False, soft_wrap=True)
@@ -164,7 +165,7 @@ class SlurmInfra:
         except RunFailed as exc:
             state = watch.state or "ended"
             raise RunFailed(f"Slurm job {job_id} ended {state} with exit code {exc.exit_code}; "
-                            f"last lines of {log}:\n{jobs.tail(log, 30)}", exc.exit_code) from None
+                            f"last lines of {log}:\n{tail(log, 30)}", exc.exit_code) from None
 
     def _interrupted(self, plan: Any, job_id: str, console: Any) -> RunFailed:
         """Ctrl-C while following: cancel only when a person on a terminal says so."""
@@ -188,11 +189,11 @@ class SlurmInfra:
 
     # -- olmx jobs ---------------------------------------------------------------------------
 
-    def job_status(self, plan: Any) -> str:
+    def job_status(self, cfg: SlurmConfig, plan: Any) -> str:
         """The job's Slurm state, its last metrics record and where its log is."""
         from olmx_plugins.infra.slurm import jobs
 
-        record = _read_record(plan.run_dir)
+        record = RunDir(plan.run_dir).read_launch("Slurm")
         job_id = record["job_id"]
         try:
             details = jobs.job_details(job_id)
@@ -209,29 +210,21 @@ class SlurmInfra:
 
         return "\n".join([line, progress_line(plan), f"log: {record['log']}"])
 
-    def job_logs(self, plan: Any, lines: int) -> str:
+    def job_logs(self, cfg: SlurmConfig, plan: Any, lines: int) -> str:
         """The last ``lines`` lines of the job's log."""
-        from olmx_plugins.infra.slurm import jobs
-
-        record = _read_record(plan.run_dir)
-        text = jobs.tail(record["log"], lines)
+        record = RunDir(plan.run_dir).read_launch("Slurm")
+        text = tail(record["log"], lines)
         return text or f"(the log {record['log']} is empty or not written yet)"
 
-    def job_cancel(self, plan: Any) -> None:
+    def job_cancel(self, cfg: SlurmConfig, plan: Any) -> None:
         """Cancel the job (``scancel``); says so when it has already ended."""
         from olmx_plugins.infra.slurm import jobs
 
-        job_id = _read_record(plan.run_dir)["job_id"]
+        job_id = RunDir(plan.run_dir).read_launch("Slurm")["job_id"]
         state = jobs.job_state(job_id)
         if state in jobs.TERMINAL_STATES:
             raise LaunchError(f"Slurm job {job_id} has already ended ({state}); nothing to cancel")
         jobs.cancel(job_id)
-
-    @staticmethod
-    def _cfg(plan: Any) -> SlurmConfig:
-        raw = dict(plan.config["infra"])
-        raw.pop("name", None)
-        return SlurmConfig(**raw)
 
 
 class _JobWatch:
@@ -292,19 +285,6 @@ def _render(cfg: SlurmConfig, *, run_dir: str, plan_path: str, nproc_per_node: i
         arg = text.split("=")[0].split(":")[0].split()[0]
         key = "trainer.run_dir" if arg in ("run_dir", "workdir") else f"infra.{arg}"
         raise ConfigError(key, text) from None
-
-
-def _write_record(run_dir: str, record: dict[str, Any]) -> None:
-    path = Path(run_dir) / LAUNCH_FILE
-    path.write_text(json.dumps(record, indent=2) + "\n")
-
-
-def _read_record(run_dir: str) -> dict[str, Any]:
-    path = Path(run_dir) / LAUNCH_FILE
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LaunchError(f"{path} does not exist: no Slurm job was submitted for this run") from None
 
 
 SLURM = SlurmInfra()

@@ -29,7 +29,6 @@ _EXPORTS = {
     "TableCommStats": "sharding",
     "TableSharding": "sharding",
     "collect_comm_stats": "sharding",
-    "sharded_tables_grad_sq_norm": "sharding",
     "ENGRAM_HASH_IDS_KWARG": "block",
     "TABLE_PARAM_PATTERN": "block",
     "EngramBlockConfig": "block",

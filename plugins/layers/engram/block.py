@@ -20,7 +20,7 @@ Parallelism: sharded tables (``1d``/``2d``) are excluded from FSDP (the block pa
 ``ignored_modules``). Tensor parallelism is refused. Under Ulysses context parallelism the
 hash ids are computed on the whole sequence and then sharded like the input ids, and the
 convolution reads the previous shard's last ``(kernel_size - 1) * N`` positions
-(``olmx_plugins.parallel.ulysses_halo``), so a sharded model computes what the unsharded one
+(``olmx.worker.halo``), so a sharded model computes what the unsharded one
 does; ring attention is refused.
 
 Optimizer: the tables match :data:`TABLE_PARAM_PATTERN` (``*.engram.table.weight``); put them

@@ -150,7 +150,7 @@ class Engram(nn.Module):
         y = self.conv_norm(v)
         left = (self.kernel_size - 1) * self.dilation
         if self.cp_group is not None and left > 0:  # a sequence shard: prepend the previous one's tail
-            from olmx_plugins.parallel.ulysses_halo import previous_shard_halo
+            from olmx.worker.halo import previous_shard_halo
 
             y = torch.cat([previous_shard_halo(y, left, self.cp_group), y], dim=1)
             left = 0

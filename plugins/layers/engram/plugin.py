@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from olmx.api import Context, Contribution, LayerPlugin
 from olmx.errors import ConfigError
-from olmx.api import Contribution, World
 
 SHARDINGS = ("replicated", "1d", "2d")
 #: The official demo sizes each head's table at 5 x the tokenizer vocabulary (129280 * 5).
@@ -69,22 +69,22 @@ def vocab_sizes(cfg: EngramLayerConfig, vocab: int) -> list[int]:
     return [VOCAB_MULTIPLE * vocab] * (cfg.max_ngram_size - 1)
 
 
-class EngramLayer:
+class EngramLayer(LayerPlugin):
     """Adds Engram blocks through OLMo-core named blocks; hashes once per batch."""
 
     name = "engram"
     description = __doc__.splitlines()[0]
-    api = ">=1.0,<2"
+    api = ">=2.0,<3"
     Config = EngramLayerConfig
-    #: Extends whatever block is there: after plugins that replace blocks (moe, order 10).
+    #: Extends whatever block is there: after plugins that replace blocks (order < 90).
     order = 90
 
-    def resolve(self, cfg: EngramLayerConfig, run: Any, world: World) -> Contribution:
+    def resolve(self, cfg: EngramLayerConfig, ctx: Context) -> Contribution:
         """Check the settings; table sizes, parameters and lookup traffic for the plan."""
-        from olmx.plan.resolve import padded_vocab
         from olmx_plugins.layers.engram.primes import ngram_table_sizes
 
-        m, vocab = run.model, padded_vocab(run.data.tokenizer.vocab_size)
+        run, world = ctx.run, ctx.world
+        m, vocab = run.model, ctx.vocab_size
         ids = layer_ids(cfg, m.n_layers)
         bad = [i for i in ids if not 0 <= i < m.n_layers]
         if bad:
@@ -116,15 +116,14 @@ class EngramLayer:
             except (OSError, ValueError, KeyError) as exc:
                 raise ConfigError("data.tokenizer.path", f"cannot read the tokenizer for Engram's compression: "
                                   f"{exc}") from None
-        uly = run.parallel.get("ulysses")
-        if uly is not None and uly.degree > 1:
+        if ctx.mesh.shards_sequence:
             # Each rank's convolution reads the previous sequence shard's last positions.
-            halo, shard = (cfg.kernel_size - 1) * cfg.max_ngram_size, run.data.seq_len // uly.degree
+            halo, shard = (cfg.kernel_size - 1) * cfg.max_ngram_size, run.data.seq_len // ctx.mesh.cp
             if halo > shard:
                 raise ConfigError("layers.engram.kernel_size",
                                   f"the convolution reaches (kernel_size - 1) x max_ngram_size = {halo} positions "
-                                  f"back, more than one sequence shard (data.seq_len / parallel.ulysses.degree = "
-                                  f"{shard} tokens)")
+                                  f"back, more than one sequence shard (data.seq_len / context-parallel degree "
+                                  f"{ctx.mesh.cp} = {shard} tokens)")
         tables = ngram_table_sizes(layer_ids=ids, max_ngram_size=cfg.max_ngram_size,
                                    n_head_per_ngram=cfg.n_head_per_ngram, vocab_size_per_ngram=sizes_cfg)
         dim = cfg.n_embed_per_ngram // cfg.n_head_per_ngram
@@ -146,28 +145,29 @@ class EngramLayer:
                  "byte-level tokenizer" if tok.name == "bytes" else f"{tok.name} vocabulary from {tok.path}")]
         n = len(ids)
         return Contribution(rows=rows, params=table_params + n * dense,
-                            active_params=n * (dense + heads * dim))
+                            active_params=n * (dense + heads * dim), own_mesh_params=cfg.sharding != "replicated")
 
     def engram_config(self, cfg: EngramLayerConfig, plan: Any) -> Any:
         """The OLMo-core-style EngramConfig of the blocks."""
         from olmx_plugins.layers.engram.block import EngramConfig
 
         return EngramConfig(
-            layer_ids=layer_ids(cfg, plan.config["model"]["n_layers"]), max_ngram_size=cfg.max_ngram_size,
+            layer_ids=layer_ids(cfg, plan.run.model.n_layers), max_ngram_size=cfg.max_ngram_size,
             n_head_per_ngram=cfg.n_head_per_ngram, n_embed_per_ngram=cfg.n_embed_per_ngram,
             vocab_size_per_ngram=vocab_sizes(cfg, plan.vocab_size), kernel_size=cfg.kernel_size, seed=cfg.seed,
             zero_init_conv=cfg.zero_init_conv, table_init_std=cfg.table_init_std, sharding=cfg.sharding,
             shard_degree=cfg.shard_degree,
         )
 
-    def linear_layers(self, cfg: EngramLayerConfig, run: Any, layers: list[Any]) -> list[Any]:
+    def linear_layers(self, cfg: EngramLayerConfig, ctx: Context, layers: list[Any]) -> list[Any]:
         """The model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) plus each Engram
         block's key and value projections (from the concatenated lookups to ``d_model``)."""
         from olmx.plan.linears import LinearLayer
 
         width = (cfg.max_ngram_size - 1) * cfg.n_embed_per_ngram
-        return layers + [LinearLayer(f"blocks.{i}.engram.{w}", width, run.model.d_model)
-                         for i in layer_ids(cfg, run.model.n_layers) for w in ("key_proj", "value_proj")]
+        m = ctx.run.model
+        return layers + [LinearLayer(f"blocks.{i}.engram.{w}", width, m.d_model)
+                         for i in layer_ids(cfg, m.n_layers) for w in ("key_proj", "value_proj")]
 
     def apply_model_config(self, cfg: EngramLayerConfig, model_config: Any, plan: Any) -> Any:
         """Extend the block of every Engram index, whatever its kind (another layer plugin's
@@ -204,21 +204,22 @@ class EngramLayer:
             tokenizer_json_tokens,
         )
 
-        tok = plan.config["data"]["tokenizer"]
-        if cfg.compression and tok["name"] != "bytes":
-            tokens = tokenizer_json_tokens(os.path.expanduser(tok["path"]), plan.vocab_size)
+        tok = plan.run.data.tokenizer
+        if cfg.compression and tok.name != "bytes":
+            tokens = tokenizer_json_tokens(os.path.expanduser(tok.path), plan.vocab_size)
         elif cfg.compression:
             tokens = byte_level_tokens(vocab_size=plan.vocab_size,
-                                       special_tokens={tok["eos_id"]: "<|endoftext|>", tok["pad_id"]: "<|pad|>"})
+                                       special_tokens={tok.eos_id: "<|endoftext|>", tok.pad_id: "<|pad|>"})
         else:  # identity map: every raw id is its own canonical id
             tokens = [(None, f"<|id_{i}|>") for i in range(plan.vocab_size)]
         comp = TokenizerCompression(tokens)
-        hasher = self.engram_config(cfg, plan).build_hasher(pad_id=comp.canonical(tok["pad_id"]),
+        hasher = self.engram_config(cfg, plan).build_hasher(pad_id=comp.canonical(tok.pad_id),
                                                             compressed_vocab_size=comp.compressed_vocab_size)
         apply_engram_inputs(model, compression=comp, hasher=hasher)
 
     def apply_train_module(self, cfg: EngramLayerConfig, train_module: dict[str, Any], plan: Any) -> None:
-        """Tables in their own optimizer group; clipping of sharded tables moves to a callback."""
+        """Tables in their own optimizer group (sharded tables are clipped by the core, which
+        takes the global norm across meshes: ``own_mesh_params``)."""
         from olmo_core.optim import OptimGroupOverride
 
         from olmx_plugins.layers.engram.block import TABLE_PARAM_PATTERN
@@ -226,17 +227,6 @@ class EngramLayer:
         optim = train_module["optim"]
         optim.group_overrides = [*(optim.group_overrides or []), OptimGroupOverride(
             params=[TABLE_PARAM_PATTERN], opts={"lr": optim.lr * cfg.table_lr_multiplier, "weight_decay": 0.0})]
-        if cfg.sharding != "replicated":
-            train_module["max_grad_norm"] = None
-
-    def callbacks(self, cfg: EngramLayerConfig, plan: Any) -> dict[str, Any]:
-        """Global-norm clipping that includes sharded tables (OLMo-core's cannot mix meshes)."""
-        norm = plan.config["trainer"]["max_grad_norm"]
-        if cfg.sharding == "replicated" or norm is None:
-            return {}
-        from olmx_plugins.layers.engram.callbacks import EngramGradClipCallback
-
-        return {"engram_grad_clip": EngramGradClipCallback(max_norm=norm)}
 
 
 ENGRAM = EngramLayer()

@@ -52,7 +52,6 @@ __all__ = [
     "collect_comm_stats",
     "init_table_rows_",
     "shard_row_range",
-    "sharded_tables_grad_sq_norm",
     "table_mesh",
 ]
 
@@ -410,27 +409,4 @@ def collect_comm_stats(module: nn.Module, *, reset: bool = True) -> TableCommSta
             total.unique_rows += stats.unique_rows
             if reset:
                 stats.reset()
-    return total
-
-
-def sharded_tables_grad_sq_norm(module: nn.Module) -> torch.Tensor | None:
-    """Squared L2 norm of the gradients of all sharded Engram tables in ``module``, global.
-
-    Sharded table gradients live on their own mesh, so a gradient-clipping routine that
-    stacks every parameter's norm cannot mix them with the rest: clip with
-    ``total^2 = (norm of the other gradients)^2 + this``. Collective over each table mesh's
-    shard group; ``None`` when there is no sharded table.
-    """
-    total: torch.Tensor | None = None
-    for table in module.modules():
-        if not isinstance(table, EngramTable) or table._exchange is None:
-            continue
-        grad = table.weight.grad
-        if grad is None:
-            local_sq = torch.zeros((), device=table.local_weight().device)
-        else:
-            local = grad.to_local() if isinstance(grad, DTensor) else grad
-            local_sq = local.float().pow(2).sum()
-        dist.all_reduce(local_sq, group=table._exchange.shard_group)
-        total = local_sq if total is None else total + local_sq
     return total

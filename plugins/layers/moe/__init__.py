@@ -30,7 +30,6 @@ _EXPORTS = {
     "MoEBlockConfig": "block",
     "MoEBlock": "block",
     "apply_expert_parallel": "expert_parallel",
-    "clip_grad_norm_": "expert_parallel",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -55,7 +55,8 @@ Wiring (tested with OLMo-core's own wrappers, 2 and 4 gloo processes):
   replicate_mesh=mesh["ep_replicate"])``; then ``model.apply_ddp(dp_mesh=get_dp_model_mesh(mesh))``
   (OLMo-core flattens the two dims into ``dp``). Dense gradients are then plain tensors and
   expert gradients DTensors, which OLMo-core's gradient clipping
-  (``torch.nn.utils.get_total_norm``) rejects; use :func:`clip_grad_norm_`.
+  (``torch.nn.utils.get_total_norm``) rejects; the core clips across meshes
+  (:mod:`olmx.worker.clip`).
 * HSDP + EP (OLMo-core's layout): ``mesh`` with dims ``("dp_replicate", "dp_shard")``, EP over
   ``"dp_shard"``, replicas over ``"dp_replicate"``, then ``model.apply_fsdp(dp_mesh=mesh)``. All
   gradients are DTensors on one mesh and OLMo-core's clipping works as is.
@@ -73,7 +74,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from .modules import MoEExperts, MoEFeedForward, moe_layers
 
-__all__ = ["all_to_all", "ExpertParallelDispatch", "apply_expert_parallel", "clip_grad_norm_"]
+__all__ = ["all_to_all", "ExpertParallelDispatch", "apply_expert_parallel"]
 
 
 def all_to_all(
@@ -166,36 +167,3 @@ def apply_expert_parallel(
         if replicate_mesh is not None:
             fully_shard(moe.experts, mesh=replicate_mesh, mp_policy=mp_policy or MixedPrecisionPolicy())
     return len(layers)
-
-
-@torch.no_grad()
-def clip_grad_norm_(
-    parameters, max_norm: float, *, norm_type: float = 2.0, foreach: bool | None = None
-) -> torch.Tensor:
-    """Clip gradients that mix plain tensors and DTensors; returns the total norm (plain tensor).
-
-    Under DDP + expert parallelism the dense gradients are plain tensors (identical on every rank
-    after DDP's all-reduce) and the expert gradients are DTensors, and
-    ``torch.nn.utils.get_total_norm`` (used by OLMo-core's ``TransformerTrainModule``) refuses
-    the mix. This takes the norm of each kind separately (the DTensor norm is reduced over its
-    mesh) and combines them. All DTensor gradients must share one mesh (they do: the experts'
-    2-D mesh). Under HSDP every gradient is a DTensor on one mesh and OLMo-core's own clipping
-    works unchanged.
-    """
-    params = [p for p in parameters if p.grad is not None]
-    groups = [
-        [p for p in params if not isinstance(p.grad, DTensor)],
-        [p for p in params if isinstance(p.grad, DTensor)],
-    ]
-    norms = []
-    for group in groups:
-        if group:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type, foreach=foreach)
-            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    if not norms:
-        return torch.zeros(())
-    total = torch.nn.utils.get_total_norm(norms, norm_type)
-    for group in groups:
-        if group:
-            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=foreach)
-    return total

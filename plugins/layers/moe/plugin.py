@@ -6,14 +6,15 @@ Two execution paths, one config (``layers.moe.backend``):
 * ``olmo_core``: the same layer mapped onto OLMo-core's v1 MoE (``MoEBlockConfig.to_olmo_core_v1``:
   ``MoEConfig`` in ``moe`` / ``moe_reordered_norm`` blocks of a ``MoETransformer``) for its
   Triton token permutation and grouped GEMMs. CUDA only. Expert parallelism then is OLMo-core's
-  own (``ep_config``, set by ``hsdp`` with ``expert_parallel=true``). OLMo-core's DDP + EP lives
-  in its v2 stack (``OLMoDDPModelConfig``), which olmx does not map: ``ddp_ep`` uses the
-  portable path;
+  own (``ep_config``, where the mesh shards parameters and has ``ep > 1``). OLMo-core's DDP + EP
+  lives in its v2 stack (``OLMoDDPModelConfig``), which olmx does not map: expert parallelism
+  over replicated (DDP) parameters uses the portable path;
 * ``auto``: ``portable`` for now. OLMo-core's path is opt-in until olmx has run its parity
   test (marked ``gpu``) on a GPU; the plan says why, and whether olmo_core could run.
 
-Expert parallelism comes from the ``ddp_ep`` strategy or ``hsdp`` with
-``parallel.hsdp.expert_parallel=true``. Checkpoints of the two paths differ only in the MoE
+This plugin owns expert parallelism: a data-parallel strategy only asks for it (``mesh.ep``,
+e.g. ``ddp_ep`` or ``hsdp`` with ``parallel.hsdp.expert_parallel=true``), and :meth:`MoELayer.apply_model`
+places the experts over ``ep`` ranks. Checkpoints of the two paths differ only in the MoE
 keys (``blocks.<i>.feed_forward_moe.*`` vs ``blocks.<i>.moe.*``); ``modules.convert_model_state_dict``
 maps them both ways.
 """
@@ -21,10 +22,10 @@ maps them both ways.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
+from olmx.api import Context, Contribution, LayerPlugin, Mesh, World
 from olmx.errors import ConfigError
-from olmx.api import Contribution, World
 
 GATINGS = ("softmax", "sigmoid")
 BACKENDS = ("auto", "portable", "olmo_core")
@@ -60,8 +61,8 @@ class MoEConfig:
     #: Explicit block indices to turn into MoE blocks (overrides ``every``).
     blocks: Optional[list[int]] = None
     #: ``portable`` (olmx's MoE, runs everywhere, the tested reference), ``olmo_core``
-    #: (OLMo-core's v1 MoE with its Triton/CUDA kernels: CUDA only, not with ddp_ep or a shared
-    #: expert) or ``auto``: portable for now, because olmx has not yet run the olmo_core path on
+    #: (OLMo-core's v1 MoE with its Triton/CUDA kernels: CUDA only, not with expert parallelism
+    #: over replicated parameters (ddp_ep) or a shared expert) or ``auto``: portable for now, because olmx has not yet run the olmo_core path on
     #: a GPU (its parity test is marked gpu) and the two paths' checkpoints differ in their MoE
     #: keys (a resume must keep its backend); the plan says which and why.
     backend: str = "auto"
@@ -79,24 +80,25 @@ def expert_hidden(cfg: MoEConfig, model: Any) -> int:
     return cfg.hidden_size if cfg.hidden_size is not None else model.hidden_size
 
 
-def olmo_core_problem(cfg: MoEConfig, parallel: Iterable[str], world: World) -> Optional[str]:
-    """Why OLMo-core's v1 MoE cannot run this layer in this run (None: it can)."""
+def olmo_core_problem(cfg: MoEConfig, mesh: Mesh, world: World) -> Optional[str]:
+    """Why OLMo-core's v1 MoE cannot run this layer on this mesh and world (None: it can)."""
     if world.device != "cuda":
         return (f"OLMo-core's MoE needs CUDA (its token permutation is Triton kernels) and this run's device is "
                 f"{world.device_name} ({world.device})")
-    if "ddp_ep" in parallel:
-        return ("OLMo-core's DDP + expert parallelism is its v2 stack (OLMoDDPModelConfig), which olmx does not "
-                "map: use parallel=[hsdp] parallel.hsdp.expert_parallel=true, or ddp_ep with the portable backend")
+    if mesh.ep > 1 and not mesh.shards_params:
+        return ("OLMo-core's expert parallelism over replicated (DDP) parameters is its v2 stack "
+                "(OLMoDDPModelConfig), which olmx does not map: use a data-parallel strategy that shards "
+                "parameters (parallel=[hsdp] parallel.hsdp.expert_parallel=true), or the portable backend")
     if cfg.shared_hidden_size is not None:
         return ("OLMo-core's v1 MoE mixes a shared expert as shared/(k+1) + routed*k/(k+1), not as olmx's "
                 "shared + routed")
     return None
 
 
-def choose_backend(cfg: MoEConfig, parallel: Iterable[str], world: World) -> tuple[str, str]:
-    """``(backend, why)`` for ``layers.moe.backend`` in a run with these parallel strategies
-    on ``world``; ``olmo_core`` where it cannot run is a ConfigError."""
-    problem = olmo_core_problem(cfg, list(parallel), world)
+def choose_backend(cfg: MoEConfig, mesh: Mesh, world: World) -> tuple[str, str]:
+    """``(backend, why)`` for ``layers.moe.backend`` on this mesh and world; ``olmo_core``
+    where it cannot run is a ConfigError."""
+    problem = olmo_core_problem(cfg, mesh, world)
     if cfg.backend == "olmo_core":
         if problem:
             raise ConfigError("layers.moe.backend", f"olmo_core cannot run here: {problem}; "
@@ -110,26 +112,26 @@ def choose_backend(cfg: MoEConfig, parallel: Iterable[str], world: World) -> tup
                         "olmx has checked it on a GPU")
 
 
-def plan_backend(plan: Any) -> str:
-    """The MoE backend of a resolved plan (``portable`` or ``olmo_core``)."""
-    cfg = MoEConfig(**plan.config["layers"]["moe"])
-    return choose_backend(cfg, plan.config.get("parallel") or {}, plan.world)[0]
-
-
-class MoELayer:
+class MoELayer(LayerPlugin):
     """Places MoE blocks (portable, or OLMo-core v1 on the olmo_core backend) with OLMo-core's
-    named blocks / block overrides."""
+    named blocks / block overrides; owns expert parallelism."""
 
     name = "moe"
     description = __doc__.splitlines()[0]
-    api = ">=1.0,<2"
+    api = ">=2.0,<3"
     Config = MoEConfig
-    #: Replaces the feed-forward of whole blocks: before plugins that extend blocks (engram).
+    #: Replaces the feed-forward of whole blocks: before plugins that extend blocks.
     order = 10
+    experts = True
 
-    def resolve(self, cfg: MoEConfig, run: Any, world: World) -> Contribution:
-        """Check the settings; count total and active parameters of the MoE blocks."""
-        m = run.model
+    def backend(self, plan: Any) -> str:
+        """The backend the plan chose (``portable`` or ``olmo_core``)."""
+        return self.decided(plan)["backend"]
+
+    def resolve(self, cfg: MoEConfig, ctx: Context) -> Contribution:
+        """Check the settings and the expert-parallel degree; count total and active parameters
+        of the MoE blocks; choose the backend."""
+        m, mesh = ctx.run.model, ctx.mesh
         if cfg.num_experts < 1:
             raise ConfigError("layers.moe.num_experts", f"must be at least 1, got {cfg.num_experts}")
         if not 1 <= cfg.top_k <= cfg.num_experts:
@@ -148,31 +150,37 @@ class MoELayer:
             raise ConfigError("layers.moe.blocks", f"{bad} outside [0, model.n_layers={m.n_layers})")
         if not blocks:
             raise ConfigError("layers.moe.every", f"{cfg.every} selects no block of model.n_layers={m.n_layers}")
+        if cfg.num_experts % mesh.ep:
+            raise ConfigError(mesh.ep_field, f"{mesh.ep} must divide layers.moe.num_experts={cfg.num_experts}")
         d, h = m.d_model, expert_hidden(cfg, m)
         per_block = cfg.num_experts * d + 3 * cfg.num_experts * d * h + 3 * d * (cfg.shared_hidden_size or 0)
         active = per_block - 3 * (cfg.num_experts - cfg.top_k) * d * h
         dense = 3 * d * m.hidden_size
         dispatch = "dropless" if cfg.capacity_factor is None else f"capacity factor {cfg.capacity_factor}"
-        backend, why = choose_backend(cfg, run.parallel, world)
+        backend, why = choose_backend(cfg, mesh, ctx.world)
         rows = [("backend", f"{backend} ({why})"),
                 ("MoE blocks", f"{blocks} of {m.n_layers}"),
                 ("experts", f"{cfg.num_experts} x SwiGLU({d}->{h}), top-{cfg.top_k} {cfg.gating}, {dispatch}"),
                 ("parameters per MoE block", f"{per_block:,} total, {active:,} active")]
         if cfg.shared_hidden_size:
             rows.append(("shared expert", f"SwiGLU({d}->{cfg.shared_hidden_size})"))
+        if mesh.ep > 1:
+            rows.append(("expert parallel", f"{cfg.num_experts // mesh.ep} experts per rank over {mesh.ep} ranks, "
+                                            f"{mesh.size // mesh.ep} replica group(s)"))
         return Contribution(rows=rows, params=len(blocks) * (per_block - dense),
-                            active_params=len(blocks) * (active - dense))
+                            active_params=len(blocks) * (active - dense), decisions={"backend": backend},
+                            own_mesh_params=mesh.ep > 1 and backend == "portable")
 
-    def linear_layers(self, cfg: MoEConfig, run: Any, layers: list[Any]) -> list[Any]:
+    def linear_layers(self, cfg: MoEConfig, ctx: Context, layers: list[Any]) -> list[Any]:
         """The model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) with MoE blocks: their
         dense feed-forward is gone; routers and routed experts are plain weights (not
         ``nn.Linear``); a shared expert brings three ``nn.Linear`` subclasses (seeded init)."""
         from olmx.plan.linears import LinearLayer
 
-        blocks = moe_blocks(cfg, run.model.n_layers)
+        blocks = moe_blocks(cfg, ctx.run.model.n_layers)
         gone = tuple(f"blocks.{i}.feed_forward." for i in blocks)
         out = [layer for layer in layers if not layer.name.startswith(gone)]
-        d, s = run.model.d_model, cfg.shared_hidden_size
+        d, s = ctx.run.model.d_model, cfg.shared_hidden_size
         if s:
             out += [LinearLayer(f"blocks.{i}.moe.shared_expert.{w}", a, b, subclass=True)
                     for i in blocks for w, a, b in (("w1", d, s), ("w2", s, d), ("w3", d, s))]
@@ -182,14 +190,13 @@ class MoELayer:
         """The portable MoE's OLMo-core-style config."""
         from olmx_plugins.layers.moe.block import MoEFeedForwardConfig
 
-        model = plan.config["model"]
+        model = plan.run.model
         return MoEFeedForwardConfig(
-            num_experts=cfg.num_experts, top_k=cfg.top_k,
-            hidden_size=cfg.hidden_size if cfg.hidden_size is not None else model["hidden_size"],
+            num_experts=cfg.num_experts, top_k=cfg.top_k, hidden_size=expert_hidden(cfg, model),
             gating=cfg.gating, normalize_expert_weights=cfg.normalize_expert_weights, bias_gamma=cfg.bias_gamma,
             shared_hidden_size=cfg.shared_hidden_size, capacity_factor=cfg.capacity_factor,
             lb_loss_weight=cfg.lb_loss_weight, z_loss_weight=cfg.z_loss_weight,
-            init_std=model["init_std"], init_seed=plan.config["trainer"]["seed"],
+            init_std=model.init_std, init_seed=plan.run.trainer.seed,
         )
 
     def apply_model_config(self, cfg: MoEConfig, model_config: Any, plan: Any) -> Any:
@@ -205,7 +212,7 @@ class MoELayer:
                               "combining it with moe is not supported yet")
         dense = model_config.block
         moe: Any = MoEBlockConfig.from_dense(dense, moe=self.moe_config(cfg, plan))
-        if plan_backend(plan) == "olmo_core":
+        if self.backend(plan) == "olmo_core":
             moe = moe.to_olmo_core_v1()
             model_config = replace(model_config, name=TransformerType.moe)
         if cfg.blocks is not None:
@@ -216,21 +223,31 @@ class MoELayer:
                        block_pattern=["dense"] * (cfg.every - 1) + ["moe"])
 
     def apply_model(self, cfg: MoEConfig, model: Any, plan: Any) -> None:
-        """Nothing: expert parallelism is applied by the parallel strategy."""
+        """With ``mesh.ep > 1`` on the portable backend: shard the experts over each group of
+        ``ep`` consecutive ranks, with FSDP over the replica groups (which keeps them out of the
+        data-parallel wrapper and averages their gradients across replicas)."""
+        if plan.mesh.ep == 1 or self.backend(plan) != "portable":
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from olmx_plugins.layers.moe.expert_parallel import apply_expert_parallel
+
+        device = "cuda" if plan.world.device == "cuda" else "cpu"
+        mesh = init_device_mesh(device, plan.mesh.expert_mesh_shape(), mesh_dim_names=("ep_replicate", "ep_shard"))
+        apply_expert_parallel(model, ep_mesh=mesh["ep_shard"], replicate_mesh=mesh["ep_replicate"])
 
     def apply_train_module(self, cfg: MoEConfig, train_module: dict[str, Any], plan: Any) -> None:
-        """On the olmo_core backend with ``parallel.hsdp.expert_parallel``: OLMo-core's own
-        expert parallelism (``ep_config``, degree = the shard degree), as its v1 stack requires."""
-        hsdp = (plan.config.get("parallel") or {}).get("hsdp")
-        if hsdp and hsdp.get("expert_parallel") and plan_backend(plan) == "olmo_core":
+        """On the olmo_core backend with ``mesh.ep > 1``: OLMo-core's own expert parallelism
+        (``ep_config``), as its v1 stack requires."""
+        if plan.mesh.ep > 1 and self.backend(plan) == "olmo_core":
             from olmo_core.train.train_module import TransformerExpertParallelConfig
 
-            train_module["ep_config"] = TransformerExpertParallelConfig(degree=plan.mesh["dp_shard"])
+            train_module["ep_config"] = TransformerExpertParallelConfig(degree=plan.mesh.ep)
 
     def callbacks(self, cfg: MoEConfig, plan: Any) -> dict[str, Any]:
         """Expert-bias balancing after every step (when ``bias_gamma`` is set; OLMo-core's
         ``MoETransformer`` does it itself on the olmo_core backend)."""
-        if cfg.bias_gamma is None or plan_backend(plan) == "olmo_core":
+        if cfg.bias_gamma is None or self.backend(plan) == "olmo_core":
             return {}
         from olmx_plugins.layers.moe.callbacks import ExpertBiasCallback
 

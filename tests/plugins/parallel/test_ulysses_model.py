@@ -120,7 +120,7 @@ def _check_halo():
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from olmx_plugins.parallel.ulysses_halo import previous_shard_halo
+    from olmx.worker.halo import previous_shard_halo
 
     rank, degree = dist.get_rank(), dist.get_world_size()
     kernel, dilation, channels = 4, 3, 5

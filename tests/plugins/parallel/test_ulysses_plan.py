@@ -31,7 +31,7 @@ def rows(plan) -> dict[str, str]:
 
 def test_fsdp_ulysses_plan_shards_each_sequence_over_the_group():
     plan = plan_for("parallel=[fsdp,ulysses]", "parallel.ulysses.degree=2", "data.seq_len=8192")
-    assert plan.mesh == {"dp": 1, "cp": 2}
+    assert plan.mesh.dims() == {"dp": 1, "cp": 2}
     assert plan.batch.dp_ranks == 1 and plan.batch.grad_accum == 2  # 16 seqs, micro 8, 1 data rank
     r = rows(plan)
     assert r["tokens per rank"] == "8,192 / 2 = 4,096 per sequence, 32,768 per micro-batch of 8"
@@ -45,11 +45,11 @@ def test_fsdp_ulysses_plan_shards_each_sequence_over_the_group():
 
 def test_two_data_by_two_sequence_ranks_and_hsdp():
     plan = plan_for("infra.nproc_per_node=4", "parallel=[ddp,ulysses]")
-    assert plan.mesh == {"dp": 2, "cp": 2} and plan.batch.dp_ranks == 2
+    assert plan.mesh.dims() == {"dp": 2, "cp": 2} and plan.batch.dp_ranks == 2
     assert rows(plan)["degree"] == "2 ranks per sequence, 2 sequence group(s)"
     plan = plan_for("infra.nproc_per_node=8", "parallel=[hsdp,ulysses]", "parallel.hsdp.shard_degree=2",
                     "trainer.micro_batch_size=4")
-    assert plan.mesh == {"dp_replicate": 2, "dp_shard": 2, "cp": 2}
+    assert plan.mesh.dims() == {"dp_replicate": 2, "dp_shard": 2, "cp": 2}
 
 
 def test_kv_heads_are_replicated_instead_of_refused():
@@ -79,11 +79,11 @@ def test_refusals_name_the_field_and_the_numbers():
 
 def test_long_context_recipe_resolves():
     plan = plan_for("experiment=long_context")
-    cfg = plan.config
-    assert set(cfg["parallel"]) == {"fsdp", "ulysses"} and list(cfg["precision"]) == ["bf16"]
-    assert cfg["trainer"]["activation_checkpointing"] == "long_context"
-    assert cfg["model"]["name"] == "olmo3_1b" and cfg["data"]["seq_len"] == 32768
-    assert plan.mesh == {"dp": 1, "cp": 2}
+    cfg = plan.run
+    assert set(cfg.parallel) == {"fsdp", "ulysses"} and list(cfg.precision) == ["bf16"]
+    assert cfg.trainer.activation_checkpointing == "long_context"
+    assert cfg.model.name == "olmo3_1b" and cfg.data.seq_len == 32768
+    assert plan.mesh.dims() == {"dp": 1, "cp": 2}
     r = rows(plan)
     assert r["tokens per rank"] == "32,768 / 2 = 16,384 per sequence, 16,384 per micro-batch of 1"
     # OLMo 3 1B: 16 heads of 128 dims; 16,384 tokens x 16 x 128 x 2 bytes = 64 MiB per tensor

@@ -42,5 +42,7 @@ def test_ddp_by_ulysses_over_four_processes_matches_one_process(tmp_path, tmp_pa
                 "trainer.micro_batch_size=2", "trainer.activation_checkpointing=long_context")
     assert ddp == pytest.approx(single, rel=2e-5)
     assert single[-1] < single[0] - 0.1  # it learns
-    plan = (tmp_path / "ddp" / "plan.yaml").read_text()
-    assert "cp: 2" in plan and "dp: 2" in plan
+    import yaml
+
+    mesh = yaml.safe_load((tmp_path / "ddp" / "plan.yaml").read_text())["mesh"]
+    assert (mesh["cp"], mesh["dp_replicate"], mesh["dp_shard"]) == (2, 2, 1)

@@ -40,8 +40,7 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
     feed-forward and bring shared experts, Engram brings its projections (kept)."""
     from olmx.worker.model import build_model
     from olmx.config.compose import compose, to_object
-    from olmx.plan.linears import model_linears
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import context, resolve
     from olmx.registry import registry
     from olmx_plugins.precision.mx import split_linears
 
@@ -50,8 +49,8 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
     run = to_object(compose([*common, "precision=mxfp8", "precision.mxfp8.emulate=true"], reg), reg)
     plan = resolve(run, reg)
     dense_run = to_object(compose(common, reg), reg)  # the same model, before any conversion
-    model = build_model(resolve(dense_run, reg), dense_run, reg)
-    planned = model_linears(run, plan.vocab_size)
+    model = build_model(resolve(dense_run, reg), reg)
+    planned = context(run, plan.world, reg).linear_layers()
     built = [(n, m.in_features, m.out_features, type(m) is not nn.Linear)
              for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     assert sorted((x.name, x.in_features, x.out_features, x.subclass) for x in planned) == sorted(built)
@@ -123,31 +122,27 @@ def test_routers_engram_subclasses_and_odd_dims_stay_in_high_precision():
     assert kept["blocks.0.odd"] == "out_features=40 not a multiple of the MX block size 32"
 
 
-def test_bf16_and_mxfp8_set_olmo_core_mixed_precision_fields():
+def test_the_core_applies_the_plans_dtypes_as_fsdp_mixed_precision_or_autocast(tmp_path):
+    """bf16 and mxfp8 only choose dtypes; the core sets OLMo-core's fields by the mesh."""
     from olmo_core.config import DType
-    from olmo_core.distributed.parallel import DataParallelType
-    from olmo_core.train.train_module import TransformerDataParallelConfig
 
-    from olmx.api import World
-    from olmx_plugins.precision.bf16 import BF16, BF16Config
-    from olmx_plugins.precision.mxfp8 import MXFP8
+    from olmx.config.compose import compose, to_object
+    from olmx.plan.resolve import resolve
+    from olmx.registry import registry
+    from olmx.worker.train import train_module_kwargs
 
-    kwargs = {"dp_config": TransformerDataParallelConfig(name=DataParallelType.fsdp)}
-    BF16.apply_train_module(BF16Config(reduce_dtype="bfloat16"), kwargs, None)
-    assert (kwargs["dp_config"].param_dtype, kwargs["dp_config"].reduce_dtype) == (DType.bfloat16, DType.bfloat16)
-    assert "autocast_precision" not in kwargs
-    kwargs = {"dp_config": TransformerDataParallelConfig(name=DataParallelType.ddp)}
-    BF16.apply_train_module(BF16Config(), kwargs, None)
-    assert kwargs["autocast_precision"] == DType.bfloat16 and kwargs["dp_config"].param_dtype is None
+    reg = registry()
 
-    class Plan:  # the two fields apply_train_module reads
-        world = World(nnodes=1, nproc_per_node=2)
-        config = {"parallel": {"ddp": {}}}
+    def kwargs_for(*overrides: str) -> dict:
+        run = to_object(compose(["infra.nproc_per_node=2", f"trainer.run_dir={tmp_path}", *overrides], reg), reg)
+        return train_module_kwargs(resolve(run, reg), reg)
 
-    kwargs = {"dp_config": TransformerDataParallelConfig(name=DataParallelType.ddp)}
-    MXFP8.apply_train_module(MXFP8Config(emulate=True), kwargs, Plan())
-    assert "autocast_precision" not in kwargs  # CPU without sharding: the rest stays float32
-    Plan.config = {"parallel": {"fsdp": {}}}
-    kwargs = {"dp_config": TransformerDataParallelConfig(name=DataParallelType.fsdp)}
-    MXFP8.apply_train_module(MXFP8Config(emulate=True), kwargs, Plan())
-    assert kwargs["dp_config"].param_dtype == DType.bfloat16
+    k = kwargs_for("parallel=[fsdp]", "precision=bf16", "precision.bf16.reduce_dtype=bfloat16")
+    assert (k["dp_config"].param_dtype, k["dp_config"].reduce_dtype) == (DType.bfloat16, DType.bfloat16)
+    assert "autocast_precision" not in k
+    k = kwargs_for("parallel=[ddp]", "precision=bf16")
+    assert k["autocast_precision"] == DType.bfloat16 and k["dp_config"].param_dtype is None
+    k = kwargs_for("parallel=[ddp]", "precision=mxfp8", "precision.mxfp8.emulate=true")
+    assert "autocast_precision" not in k  # CPU without sharding: the rest stays float32
+    k = kwargs_for("parallel=[fsdp]", "precision=mxfp8", "precision.mxfp8.emulate=true")
+    assert k["dp_config"].param_dtype == DType.bfloat16

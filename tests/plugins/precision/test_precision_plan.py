@@ -7,6 +7,7 @@ import pytest
 from olmx.config.compose import compose, to_object
 from olmx.errors import ConfigError
 from olmx.api import World
+from olmx.plan.resolve import context
 from olmx.registry import registry
 
 CPU2 = World(nnodes=1, nproc_per_node=2)
@@ -18,7 +19,7 @@ B200 = World(nnodes=1, nproc_per_node=8, device="cuda", device_name="NVIDIA B200
 def plan_rows_list(precision: str, world: World, *overrides: str) -> list[tuple[str, str]]:
     reg = registry()
     run = to_object(compose([f"precision={precision}", *overrides], reg), reg)
-    return reg.get("precision", precision).resolve(run.precision[precision], run, world).rows
+    return reg.get("precision", precision).resolve(run.precision[precision], context(run, world, reg)).rows
 
 
 def plan_rows(precision: str, world: World, *overrides: str) -> dict[str, str]:
@@ -54,7 +55,7 @@ def test_bf16_under_ddp_is_autocast_over_float32_parameters():
 
 def test_bf16_refuses_bfloat16_reduction_without_sharding_and_unknown_dtypes():
     err = refusal("bf16", CPU2, "parallel=[ddp]", "precision.bf16.reduce_dtype=bfloat16")
-    assert err.field == "precision.bf16.reduce_dtype" and "parallel=[fsdp]" in str(err)
+    assert err.field == "precision.bf16.reduce_dtype" and "shards parameters (parallel=[fsdp]" in str(err)
     err = refusal("bf16", CPU2, "precision.bf16.param_dtype=float16")
     assert err.field == "precision.bf16.param_dtype" and "'float16' is not one of bfloat16, float32" in str(err)
 
@@ -147,11 +148,9 @@ def test_mxfp8_other_ops_default_to_float32_on_cpu_without_sharding_and_bf16_und
 
 
 def test_sequence_parallel_degrees_divide_the_tokens_a_linear_layer_sees():
-    from types import SimpleNamespace
-
-    from olmx_plugins.precision.mxfp8 import tokens_per_micro_batch
-
-    run = SimpleNamespace(trainer=SimpleNamespace(micro_batch_size=2), data=SimpleNamespace(seq_len=48),
-                          parallel={"fsdp": SimpleNamespace(), "ulysses": SimpleNamespace(degree=3)})
-    assert tokens_per_micro_batch(run) == (
-        32, "trainer.micro_batch_size=2 x data.seq_len=48 / parallel.ulysses.degree=3")
+    reg = registry()
+    run = to_object(compose(["parallel=[fsdp,ulysses]", "parallel.ulysses.degree=2", "trainer.micro_batch_size=2",
+                             "data.seq_len=48", "trainer.global_batch_size=4"], reg), reg)
+    ctx = context(run, World(nnodes=1, nproc_per_node=4), reg)
+    assert ctx.mesh.cp == 2
+    assert ctx.tokens_per_rank() == (48, "trainer.micro_batch_size=2 x data.seq_len=48 / context-parallel degree 2")

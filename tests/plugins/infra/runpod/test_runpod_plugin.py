@@ -33,6 +33,11 @@ def plan_for(tmp_path: Path, *overrides: str):
     return resolve(run, reg)
 
 
+def _cfg_plan(plan):
+    """The arguments of RUNPOD's hooks: its typed config and the plan."""
+    return plan.infra, plan
+
+
 def test_world_from_the_settings() -> None:
     gpu = RUNPOD.world(RunPodConfig(gpus_per_node=8, gpu_type="NVIDIA B200"))
     assert (gpu.nnodes, gpu.nproc_per_node, gpu.device, gpu.compute_capability) == (1, 8, "cuda", (10, 0))
@@ -65,7 +70,7 @@ def test_dry_run_shows_request_bootstrap_and_steps_without_secrets(tmp_path, mon
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
     monkeypatch.setenv("MY_VALUE", "very-private-value")
     plan = plan_for(tmp_path, *GPU8, "+infra.env.WANDB_MODE=offline", "infra.pass_env=[MY_VALUE]")
-    text = RUNPOD.dry_run(plan)
+    text = RUNPOD.dry_run(plan.infra, plan)
     request = text[text.index("POST "):text.index("\n\n# 2.")]
     head, _, body = request.partition("\n\n")
     assert head.splitlines() == ["POST https://api.runpod.io/v2/pods", "Authorization: Bearer <redacted>",
@@ -75,15 +80,15 @@ def test_dry_run_shows_request_bootstrap_and_steps_without_secrets(tmp_path, mon
         "gpu": {"id": "NVIDIA H100 80GB HBM3", "count": 8, "minCudaVersion": "13.0"}, "cloud": "SECURE",
         "disk": 100, "ports": ["22/tcp"], "startSsh": True,
         "env": {"WANDB_MODE": "offline", "MY_VALUE": "<redacted: $MY_VALUE of the launching environment>"}}
-    assert RUNPOD.bootstrap(plan) in text
+    assert RUNPOD.bootstrap(plan.infra, plan) in text
     assert '"action": "stop"' in text
     assert KEY not in text and "very-private-value" not in text
     assert "very-private-value" not in (json.dumps(plan.to_dict()))  # never in the plan either
 
 
 def test_bootstrap_is_valid_bash_and_uses_c10d_on_clusters(tmp_path) -> None:
-    single = RUNPOD.bootstrap(plan_for(tmp_path, *GPU8))
-    cluster = RUNPOD.bootstrap(plan_for(tmp_path, *GPU8, "infra.nodes=2", "trainer.global_batch_size=32"))
+    single = RUNPOD.bootstrap(*_cfg_plan(plan_for(tmp_path, *GPU8)))
+    cluster = RUNPOD.bootstrap(*_cfg_plan(plan_for(tmp_path, *GPU8, "infra.nodes=2", "trainer.global_batch_size=32")))
     for script in (single, cluster):
         path = tmp_path / "b.sh"
         path.write_text(script)
@@ -91,17 +96,17 @@ def test_bootstrap_is_valid_bash_and_uses_c10d_on_clusters(tmp_path) -> None:
         assert "--only-binary=:all:" in script and "--constraint" in script
     assert '"--rdzv-endpoint=${MASTER_ADDR:?}:${MASTER_PORT:-29500}" --rdzv-id=olmx-run' in cluster
     assert "--nproc-per-node=8" in cluster
-    cpu = RUNPOD.bootstrap(plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false"))
+    cpu = RUNPOD.bootstrap(*_cfg_plan(plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false")))
     assert "flash" not in cpu.split("set -e", 1)[1] and "pip install" not in cpu
 
 
 def test_shipped_bundle_holds_the_pods_plan_the_source_and_the_resume_checkpoint(tmp_path) -> None:
     plan = plan_for(tmp_path, *GPU8, "infra.workdir=/data/olmx")
-    names = _names(RUNPOD._bundle(plan, RUNPOD._cfg(plan)))
+    names = _names(RUNPOD._bundle(plan, plan.infra))
     assert {"run/plan.yaml", "bootstrap.sh", "constraints.txt", "olmx-src/pyproject.toml",
             "olmx-src/olmx/cli.py", "olmx-src/templates/runpod/bootstrap.sh.j2"} <= names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or n.startswith("run/checkpoints")]
-    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(RUNPOD._bundle(plan, RUNPOD._cfg(plan))))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(RUNPOD._bundle(plan, plan.infra)))) as tar:
         pod_plan = tar.extractfile("run/plan.yaml").read().decode()
     assert "run_dir: /data/olmx/run" in pod_plan and str(tmp_path) not in pod_plan
     # A run that resumes ships its checkpoint and metrics.
@@ -112,7 +117,7 @@ def test_shipped_bundle_holds_the_pods_plan_the_source_and_the_resume_checkpoint
     (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 6}\n')
     plan = plan_for(tmp_path, *GPU8, "infra.install=false")
     assert plan.resume_step == 6
-    names = _names(RUNPOD._bundle(plan, RUNPOD._cfg(plan)))
+    names = _names(RUNPOD._bundle(plan, plan.infra))
     assert {"run/checkpoints/step6/.metadata.json", "run/checkpoints/step6/__0_0.distcp", "run/metrics.jsonl"} <= names
     assert not [n for n in names if n.startswith("olmx-src")]
 
@@ -230,7 +235,7 @@ def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypat
         status = run.invoke(app, ["jobs", "status", plan.run_dir])
         assert status.exit_code == 0, status.output
         assert status.output.splitlines() == [f"RunPod pod {pod_id}: RUNNING", "training: running",
-                                              f"progress: step 3/{plan.config['trainer']['max_steps']}, loss 5.2500"]
+                                              f"progress: step 3/{plan.run.trainer.max_steps}, loss 5.2500"]
         logs = run.invoke(app, ["jobs", "logs", plan.run_dir, "-n", "2"])
         assert logs.output.strip() == "line 2\nline 3"
         cancel = run.invoke(app, ["jobs", "cancel", plan.run_dir])
@@ -254,7 +259,7 @@ def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_p
     python.chmod(0o755)
     plan = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}",
                     f"infra.python={python}")
-    rm.ship(remote, str(work), RUNPOD._bundle(plan, RUNPOD._cfg(plan)))
+    rm.ship(remote, str(work), RUNPOD._bundle(plan, plan.infra))
     rm.start(remote, str(work))
     watch = rm.Watch(remote, str(work), tmp_path / "local")
     watch.reset()
@@ -281,7 +286,7 @@ def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_p
     (corpus / "a.txt").write_text("first file " * 100)
     plan = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", "infra.workdir=/w",
                     "data=text", f"data.paths=[{corpus}/*.txt]")
-    data = RUNPOD._bundle(plan, RUNPOD._cfg(plan))
+    data = RUNPOD._bundle(plan, plan.infra)
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
         pod_plan = tar.extractfile("run/plan.yaml").read().decode()
         shipped = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.startswith("data/")}
@@ -289,18 +294,18 @@ def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_p
     assert shipped == {"data/000-a.txt": (corpus / "a.txt").read_bytes(),
                        "data/001-b.txt": (corpus / "b.txt").read_bytes()}
     assert "- /w/data/000-a.txt\n    - /w/data/001-b.txt" in pod_plan and str(corpus) not in pod_plan
-    assert ", data/ (2 data file(s), 0.0 MB)" in RUNPOD.dry_run(plan)
+    assert ", data/ (2 data file(s), 0.0 MB)" in RUNPOD.dry_run(plan.infra, plan)
     # Data already on the pods (image, network volume): paths untouched, nothing shipped.
     kept = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", "data=text",
                     "data.paths=[/volume/corpus.txt]", "infra.ship_data=false")
-    assert not [n for n in _names(RUNPOD._bundle(kept, RUNPOD._cfg(kept))) if n.startswith("data/")]
+    assert not [n for n in _names(RUNPOD._bundle(kept, kept.infra)) if n.startswith("data/")]
 
     big = plan_for(tmp_path, "infra.gpus_per_node=0", "data=text", f"data.paths=[{corpus}/*.txt]",
                    "infra.ship_data_max_gb=0.000001")
     monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.base_url)
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
     with pytest.raises(ConfigError, match=r"infra.ship_data_max_gb.*0.0 GB.*infra.ship_data=false"):
-        RUNPOD.launch(big)
+        RUNPOD.launch(big.infra, big)
     assert not fake.calls("POST", "/v2/pods")
 
 
@@ -316,7 +321,7 @@ def test_the_bootstrap_ends_with_the_runs_own_code_when_it_stopped_with_a_checkp
     python.chmod(0o755)
     plan = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}",
                     f"infra.python={python}")
-    rm.ship(remote, str(work), RUNPOD._bundle(plan, RUNPOD._cfg(plan), "runpod-test1"))
+    rm.ship(remote, str(work), RUNPOD._bundle(plan, plan.infra, "runpod-test1"))
     rm.start(remote, str(work))
     watch = rm.Watch(remote, str(work), tmp_path / "local")
     watch.reset()

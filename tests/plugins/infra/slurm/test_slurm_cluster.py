@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from olmx.rundir import tail
 from olmx_plugins.infra.slurm import jobs
 
 pytestmark = [
@@ -59,7 +60,7 @@ def _wait_for_file(path: Path, job_id: str, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         state = jobs.job_state(job_id)
-        assert state in ("PENDING", "CONFIGURING", "RUNNING"), (state, jobs.tail(jobs.log_path(job_id, path.parent)))
+        assert state in ("PENDING", "CONFIGURING", "RUNNING"), (state, tail(jobs.log_path(job_id, path.parent)))
         assert time.monotonic() < deadline, f"{path.name} not written after {timeout} s"
         time.sleep(0.2)
 
@@ -91,7 +92,7 @@ dist.destroy_process_group()
     states: list[str] = []
     state, exit_code = jobs.wait(job_id, on_state=states.append, poll=0.25, timeout=180)
     elapsed = time.monotonic() - start
-    log = jobs.tail(jobs.log_path(job_id, tmp_path), 40)
+    log = tail(jobs.log_path(job_id, tmp_path), 40)
     assert (state, exit_code) == ("COMPLETED", 0), log
     assert jobs.outcome(job_id) == ("COMPLETED", 0)
     assert states[-1] == "COMPLETED" and "RUNNING" in states
@@ -108,7 +109,7 @@ def test_failing_job_gives_its_exit_code_and_log(tmp_path: Path) -> None:
     code = "import sys; print('olmx-test: worker fails now', flush=True); sys.exit(3)"
     job_id = _submit(tmp_path, [PYTHON, "-c", code], nproc_per_node=1)
     state, exit_code = jobs.wait(job_id, poll=0.25, timeout=180)
-    log = jobs.tail(jobs.log_path(job_id, tmp_path), 60)
+    log = tail(jobs.log_path(job_id, tmp_path), 60)
     assert state == "FAILED", log
     # torchrun reports the worker's status 3 and itself exits with 1; srun and the script pass it on.
     assert exit_code == 1, log
@@ -141,7 +142,7 @@ def test_sigterm_to_the_batch_script_reaches_the_workers(tmp_path: Path) -> None
     _wait_for_file(tmp_path / "started-0", job_id)
     jobs.cancel(job_id, signal="TERM", batch_only=True)
     state, exit_code = jobs.wait(job_id, poll=0.25, timeout=60)
-    log = jobs.tail(jobs.log_path(job_id, tmp_path), 60)
+    log = tail(jobs.log_path(job_id, tmp_path), 60)
     assert (tmp_path / "term-0").read_text() == "TERM", log
     assert "batch script got SIGTERM; passing it on to the job steps" in log
     assert state in jobs.TERMINAL_STATES and state != "CANCELLED", (state, log)

@@ -59,8 +59,8 @@ def test_dry_run_is_the_batch_script_of_a_multi_node_gpu_job(tmp_path) -> None:
                     "infra.signal_seconds=120", "infra.requeue=true", "infra.python=/opt/venv/bin/python",
                     "+infra.env.NCCL_DEBUG=WARN", "trainer.global_batch_size=16", "trainer.micro_batch_size=1")
     assert (plan.world.size, plan.world.compute_capability) == (16, (10, 0))
-    script = SLURM.dry_run(plan)
-    assert script == SLURM.script(plan)
+    script = SLURM.dry_run(plan.infra, plan)
+    assert script == SLURM.script(plan.infra, plan)
     run = tmp_path / "run"
     for line in ("#SBATCH --nodes=2", "#SBATCH --partition=gpu", "#SBATCH --account=ai2", "#SBATCH --time=02:00:00",
                  "#SBATCH --gpus-per-node=8", "#SBATCH --cpus-per-task=96", "#SBATCH --signal=B:TERM@120",
@@ -75,13 +75,15 @@ def test_dry_run_is_the_batch_script_of_a_multi_node_gpu_job(tmp_path) -> None:
 
 
 def test_default_python_is_the_one_running_olmx(tmp_path) -> None:
-    script = SLURM.dry_run(plan_for(tmp_path))
+    plan = plan_for(tmp_path)
+    script = SLURM.dry_run(plan.infra, plan)
     assert f"    {sys.executable} -m olmx run {tmp_path / 'run'}/plan.yaml &" in script.splitlines()
     assert "--gpus-per-node" not in script and "--partition" not in script
 
 
 def test_jobs_commands_need_a_submitted_job(tmp_path) -> None:
     plan = plan_for(tmp_path)
-    for call in (lambda: SLURM.job_status(plan), lambda: SLURM.job_logs(plan, 5), lambda: SLURM.job_cancel(plan)):
-        with pytest.raises(LaunchError, match="no Slurm job was submitted"):
+    for call in (lambda: SLURM.job_status(plan.infra, plan), lambda: SLURM.job_logs(plan.infra, plan, 5),
+                 lambda: SLURM.job_cancel(plan.infra, plan)):
+        with pytest.raises(LaunchError, match="was not launched on Slurm"):
             call()

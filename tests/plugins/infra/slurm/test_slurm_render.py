@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from olmx.rundir import tail
 from olmx_plugins.infra.slurm import jobs
 from olmx_plugins.infra.slurm.jobs import SlurmError
 
@@ -254,14 +255,14 @@ def test_failing_slurm_command_reports_its_stderr(tmp_path: Path, monkeypatch: p
 def test_log_path_and_tail(tmp_path: Path) -> None:
     log = jobs.log_path("77", tmp_path)
     assert log == tmp_path / "slurm-77.out"
-    assert jobs.tail(log, 5) == ""
+    assert tail(log, 5) == ""
     lines = [f"line {i} " + "x" * (i % 50) for i in range(20000)]
     log.write_text("\n".join(lines) + "\n")
-    assert jobs.tail(log, 3) == "\n".join(lines[-3:])
-    assert jobs.tail(log, 1) == lines[-1]
-    assert jobs.tail(log, 0) == ""
+    assert tail(log, 3) == "\n".join(lines[-3:])
+    assert tail(log, 1) == lines[-1]
+    assert tail(log, 0) == ""
     log.write_text("only\n")
-    assert jobs.tail(log, 10) == "only"
+    assert tail(log, 10) == "only"
 
 
 def test_exit_code_reads_status_and_signal() -> None:

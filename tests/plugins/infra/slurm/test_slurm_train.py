@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from olmx.rundir import tail
 from olmx_plugins.infra.slurm import jobs
 from tests.conftest import OLMX, olmx_cli
 from tests.test_training import SMALL
@@ -58,7 +59,7 @@ def test_train_on_slurm_end_to_end(tmp_path: Path, env: dict) -> None:
     proc = olmx_cli("train", *args, env=env)
     elapsed = time.monotonic() - start
     jid = job_id(run) if (run / "launch.json").exists() else "?"
-    log = jobs.tail(jobs.log_path(jid, run), 40)
+    log = tail(jobs.log_path(jid, run), 40)
     assert proc.returncode == 0, proc.stdout + proc.stderr + log
     assert f"Submitted Slurm job {jid}" in proc.stdout
     assert jobs.job_state(jid) == "COMPLETED"
@@ -97,7 +98,7 @@ def test_detach_then_jobs_status_logs_cancel(tmp_path: Path, env: dict) -> None:
     wait_for(lambda: jobs.job_state(jid) == "RUNNING", "RUNNING")
     status = olmx_cli("jobs", "status", str(run), env=env)
     assert f"Slurm job {jid}: RUNNING" in status.stdout, status.stdout + status.stderr
-    wait_for(lambda: "rendezvous" in jobs.tail(jobs.log_path(jid, run), 50), "the first log line")
+    wait_for(lambda: "rendezvous" in tail(jobs.log_path(jid, run), 50), "the first log line")
     logs = olmx_cli("jobs", "logs", str(run), "-n", "50", env=env)
     assert f"olmx: job {jid} on 1 node(s)" in logs.stdout
 

@@ -145,7 +145,10 @@ def test_sharded_checkpoint_resumes_exactly_and_onto_one_process(tmp_path, shard
     # equal to the 2-process run up to the reduction order (as 1 vs 2 processes without resume).
     resumed = train(one, "infra.nproc_per_node=1", "parallel=[]", "layers.engram.sharding=replicated")
     assert resumed == pytest.approx(whole_losses[3:], rel=2e-5)
-    assert_states_equal(checkpoint(one / "checkpoints" / "step6")[0], whole, rtol=1e-4, atol=1e-6)
+    # Adam's moments of near-zero gradients carry the reduction-order noise of 1 vs 2 processes
+    # (and of 2 vs 1 threads per process): up to 1.6e-6 absolute seen, before and after the
+    # plugin-contract change, where the values are ~1e-4.
+    assert_states_equal(checkpoint(one / "checkpoints" / "step6")[0], whole, rtol=1e-4, atol=5e-6)
 
 
 @pytest.mark.parametrize("listed", ["layers=[moe,engram]", "layers=[engram,moe]"])
@@ -167,7 +170,7 @@ def test_engram_extends_the_blocks_another_layer_plugin_placed(placement, listed
     run = to_object(compose([listed, placement, "layers.moe.num_experts=4",
                              "layers.engram.layer_ids=[0,1]", *TINY[1:]], reg), reg)
     plan = resolve(run, reg)
-    model = build_model(plan, run, reg)
+    model = build_model(plan, reg)
     model.init_weights(device=torch.device("cpu"))
     dense, moe = model.blocks["0"], model.blocks["1"]
     assert type(dense) is EngramTransformerBlock

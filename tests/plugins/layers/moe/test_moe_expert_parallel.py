@@ -22,7 +22,8 @@ from olmo_core.testing import run_distributed_test
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from olmx_plugins.layers.moe.expert_parallel import all_to_all, apply_expert_parallel, clip_grad_norm_
+from olmx.worker.clip import clip_grad_norm_
+from olmx_plugins.layers.moe.expert_parallel import all_to_all, apply_expert_parallel
 from olmx_plugins.layers.moe.modules import MoEFeedForward, moe_layers
 
 pytestmark = pytest.mark.dist

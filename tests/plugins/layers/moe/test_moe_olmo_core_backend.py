@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from olmx.cli import app
 from olmx.errors import ConfigError
-from olmx.api import World
+from olmx.api import Mesh, World
 from olmx_plugins.layers.moe.modules import convert_model_state_dict
 from olmx_plugins.layers.moe.plugin import MOE, MoEConfig, choose_backend
 
@@ -84,43 +84,45 @@ def test_state_dict_maps_both_ways_exactly(dropless):
     torch.testing.assert_close(a.blocks["1"].moe.experts(x, counts), expected)
 
 
+DDP = Mesh(dp_replicate=2)
+HSDP_EP = Mesh(dp_replicate=1, dp_shard=2, ep=2, shards_params=True, hybrid=True)
+DDP_EP = Mesh(dp_replicate=2, ep=2)
+
+
 def test_backend_choice():
     cfg = MoEConfig()
-    assert choose_backend(cfg, [], CPU)[0] == "portable"
-    assert choose_backend(cfg, ["hsdp"], GPU) == ("portable", "auto: OLMo-core's MoE could run here but is opt-in "
-                                                              "(layers.moe.backend=olmo_core) until olmx has "
-                                                              "checked it on a GPU")
-    backend, why = choose_backend(cfg, ["ddp_ep"], GPU)
+    assert choose_backend(cfg, DDP, CPU)[0] == "portable"
+    assert choose_backend(cfg, HSDP_EP, GPU) == ("portable", "auto: OLMo-core's MoE could run here but is opt-in "
+                                                             "(layers.moe.backend=olmo_core) until olmx has "
+                                                             "checked it on a GPU")
+    backend, why = choose_backend(cfg, DDP_EP, GPU)
     assert backend == "portable" and "v2 stack (OLMoDDPModelConfig)" in why
-    assert choose_backend(MoEConfig(shared_hidden_size=16), ["fsdp"], GPU)[0] == "portable"
-    assert choose_backend(MoEConfig(backend="portable"), [], GPU)[0] == "portable"
-    with pytest.raises(ConfigError, match="ddp_ep with the portable backend"):
-        choose_backend(MoEConfig(backend="olmo_core"), ["ddp_ep"], GPU)
+    assert choose_backend(MoEConfig(shared_hidden_size=16), DDP, GPU)[0] == "portable"
+    assert choose_backend(MoEConfig(backend="portable"), DDP, GPU)[0] == "portable"
+    with pytest.raises(ConfigError, match="or the portable backend"):
+        choose_backend(MoEConfig(backend="olmo_core"), DDP_EP, GPU)
 
 
-def _plan(world: World, parallel: dict, **moe) -> SimpleNamespace:
-    return SimpleNamespace(world=world, mesh={"dp_replicate": 1, "dp_shard": 2}, config={
-        "layers": {"moe": dataclasses.asdict(MoEConfig(num_experts=4, **moe))}, "parallel": parallel,
-        "model": {"hidden_size": 32, "init_std": 0.02}, "trainer": {"seed": 0}})
+def _plan(world: World, mesh: Mesh, backend: str, **moe) -> SimpleNamespace:
+    """What the moe plugin's build hooks read of a plan: the run, world, mesh and its decision."""
+    run = SimpleNamespace(model=SimpleNamespace(hidden_size=32, init_std=0.02), trainer=SimpleNamespace(seed=0))
+    return SimpleNamespace(world=world, mesh=mesh, run=run, decisions={"layers.moe": {"backend": backend}})
 
 
 def test_olmo_core_backend_builds_the_v1_model_and_olmo_core_ep():
     from olmo_core.nn.transformer import TransformerConfig
     from olmo_core.train.train_module import TransformerExpertParallelConfig
 
-    from olmx_plugins.parallel.hsdp import HSDPConfig
-
     base = TransformerConfig.llama_like(d_model=64, vocab_size=384, n_layers=2, n_heads=4)
-    hsdp = HSDPConfig(expert_parallel=True)
-    plan = _plan(GPU, {"hsdp": dataclasses.asdict(hsdp)}, every=2, backend="olmo_core")
-    cfg = MoEConfig(**plan.config["layers"]["moe"])
+    cfg = MoEConfig(num_experts=4, every=2, backend="olmo_core")
+    plan = _plan(GPU, HSDP_EP, "olmo_core")
     model_config = MOE.apply_model_config(cfg, base, plan)
     assert model_config.name == TransformerType.moe and model_config.block_pattern == ["dense", "moe"]
     assert model_config.block["moe"].feed_forward_moe.num_experts == 4
     kwargs: dict = {}
     MOE.apply_train_module(cfg, kwargs, plan)
     assert kwargs["ep_config"] == TransformerExpertParallelConfig(degree=2)
-    portable = _plan(CPU, {"hsdp": dataclasses.asdict(hsdp)}, every=2)
+    portable = _plan(CPU, HSDP_EP, "portable")
     assert type(MOE.apply_model_config(cfg, base, portable).block["moe"]).__name__ == "MoEBlockConfig"
     kwargs = {}
     MOE.apply_train_module(cfg, kwargs, portable)

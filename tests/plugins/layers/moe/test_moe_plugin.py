@@ -21,7 +21,8 @@ TINY_MOE = ["trainer.report=false", "layers=[moe]", "layers.moe.num_experts=4", 
         (["layers.moe.top_k=5"], "layers.moe.top_k", "5 must be between 1 and layers.moe.num_experts=4"),
         (["layers.moe.gating=relu"], "layers.moe.gating", "softmax, sigmoid"),
         (["layers.moe.blocks=[0,7]"], "layers.moe.blocks", "[7] outside [0, model.n_layers=2)"),
-        (["parallel=[ddp_ep]", "parallel.ddp_ep.degree=3"], "parallel.ddp_ep.degree", "3 must divide layers.moe.num_experts=4"),
+        (["parallel=[ddp_ep]", "parallel.ddp_ep.degree=2", "layers.moe.num_experts=3", "layers.moe.top_k=1"],
+         "parallel.ddp_ep.degree", "2 must divide layers.moe.num_experts=3"),
         (["parallel=[ddp_ep]", "parallel.ddp_ep.degree=4"], "parallel.ddp_ep.degree", "4 must divide the 2 data-parallel ranks"),
         (["parallel=[hsdp]", "parallel.hsdp.expert_parallel=true", "layers.moe.num_experts=3", "layers.moe.top_k=1"],
          "parallel.hsdp.expert_parallel", "2 must divide layers.moe.num_experts=3"),
@@ -38,7 +39,7 @@ def test_expert_parallel_needs_a_moe_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["train", "--dry-run", "parallel=[ddp_ep]"])
     assert result.exit_code == 2
-    assert "parallel.ddp_ep.degree: expert parallelism needs a mixture-of-experts model: add layers=[moe]" in result.stderr
+    assert "parallel.ddp_ep.degree: expert parallelism needs a layer with experts: add layers=[moe]" in result.stderr
 
 
 def test_plan_counts_total_and_active_parameters(tmp_path, monkeypatch):

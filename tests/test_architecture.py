@@ -1,0 +1,154 @@
+"""The dependency rules of the code base, checked on its source (import-linter's job, done with
+``ast`` so that it needs nothing installed):
+
+* no import cycles among olmx's and the first-party plugins' modules (imports inside functions
+  count too; those under ``if TYPE_CHECKING:`` do not);
+* no plugin imports another plugin: a plugin is the module an entry point names, or its
+  package when that module lives in one (``olmx_plugins.layers.moe``); modules beside them
+  that no entry point names are shared helpers, which import no plugin;
+* the core (``olmx``) imports no first-party plugin and names none: no string constant in its
+  code (docstrings aside) is a first-party plugin's name.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGES = {"olmx": REPO / "olmx", "olmx_plugins": REPO / "plugins"}
+
+
+def modules() -> dict[str, Path]:
+    """Module name -> source file, for every module of olmx and olmx_plugins."""
+    out = {}
+    for package, root in PACKAGES.items():
+        for path in root.rglob("*.py"):
+            parts = [package, *path.relative_to(root).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The internal modules ``name`` imports, wherever in the file (not for type checking)."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if _type_checking(node) for n in ast.walk(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def first_party_entry_points() -> dict[str, str]:
+    """First-party plugin name -> the module its entry point names."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return {name: value.split(":")[0] for group, entries in project["entry-points"].items()
+            if group.startswith("olmx.") for name, value in entries.items()}
+
+
+def unit_of(module: str, plugin_modules: set[str]) -> str | None:
+    """The plugin a module belongs to (None: a shared helper or the core)."""
+    for target in plugin_modules:
+        package = target.rpartition(".")[0]
+        is_package_plugin = (REPO / "plugins" / Path(*package.split(".")[1:]) / "__init__.py").is_file() \
+            and package.count(".") >= 2
+        unit = package if is_package_plugin else target
+        if module == unit or module.startswith(unit + "."):
+            return unit
+    return None
+
+
+def test_there_are_no_import_cycles():
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_plugin_imports_another_plugin():
+    plugin_modules = set(first_party_entry_points().values())
+    bad = []
+    for module, targets in graph().items():
+        if not module.startswith("olmx_plugins."):
+            continue
+        mine = unit_of(module, plugin_modules)
+        for target in targets:
+            theirs = unit_of(target, plugin_modules)
+            if theirs is not None and theirs != mine:
+                bad.append(f"{module} imports {target} (plugin {theirs})")
+    assert bad == []
+
+
+def test_the_core_imports_and_names_no_first_party_plugin():
+    names = set(first_party_entry_points())
+    bad = []
+    for module, path in modules().items():
+        if not module.startswith("olmx.") and module != "olmx":
+            continue
+        bad += [f"{module} imports {t}" for t in imports(module, path, set(modules())) if t.startswith("olmx_plugins")]
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        bad += [f"{module}:{n.lineno} names the plugin '{n.value}'" for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names
+                and id(n) not in docstrings]
+    assert bad == []
