@@ -3,14 +3,20 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+LINTED := olmx plugins tests benchmarks examples scripts
 
-.PHONY: train test venv bench clean
+.PHONY: train test lint venv bench clean
 
 train: $(STAMP)  ## train the embedded default (tiny model, stdlib corpus, 2 CPU processes)
 	$(BIN)/olmx train $(ARGS)
 
 test: $(STAMP)  ## run the test suite (what CI runs)
 	OLMO_DISABLE_PER_RANK_TRITON_CACHE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)  ## ruff (lint + format) and mypy, as .ci/run and the pre-commit hooks run them
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy
 
 venv: $(STAMP)
 
@@ -19,7 +25,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,lint]'
 	touch $(STAMP)
 
 bench: $(STAMP)  ## run the benchmarks and print their tables

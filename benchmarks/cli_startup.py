@@ -44,8 +44,7 @@ def commands() -> dict[str, list[str]]:
 def timed(cmd: list[str], cwd: str) -> float:
     """Seconds from start to exit of ``cmd``; exit on failure."""
     start = time.perf_counter()
-    rc = subprocess.call(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                         cwd=cwd)
+    rc = subprocess.call(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=cwd)
     elapsed = time.perf_counter() - start
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd)} exited with {rc}")
@@ -70,7 +69,7 @@ def main() -> None:
     load_start = uptime()
     with tempfile.TemporaryDirectory(prefix="olmx-cli-bench-") as cwd:
         for i in range(args.warmup + args.repeat):
-            order = labels[i % len(labels):] + labels[:i % len(labels)]
+            order = labels[i % len(labels) :] + labels[: i % len(labels)]
             for label in order:
                 t = timed(cmds[label], cwd)
                 if i >= args.warmup:

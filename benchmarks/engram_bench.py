@@ -59,12 +59,20 @@ def corpus_ids(num_tokens: int) -> torch.Tensor:
 
 def bench_hashing() -> list[str]:
     comp = TokenizerCompression(byte_level_tokens())
-    hasher = NgramHasher(layer_ids=LAYERS, max_ngram_size=N, n_head_per_ngram=K,
-                         vocab_size_per_ngram=[129280 * 5] * 2, pad_id=comp.canonical(257),
-                         seed=0, compressed_vocab_size=comp.compressed_vocab_size)
-    rows = ["| device | batch x seq | tokens | layers | median wall ms / step | "
-            "median process CPU ms / step | M tokens / s (wall) |",
-            "|---|---|---|---|---|---|---|"]
+    hasher = NgramHasher(
+        layer_ids=LAYERS,
+        max_ngram_size=N,
+        n_head_per_ngram=K,
+        vocab_size_per_ngram=[129280 * 5] * 2,
+        pad_id=comp.canonical(257),
+        seed=0,
+        compressed_vocab_size=comp.compressed_vocab_size,
+    )
+    rows = [
+        "| device | batch x seq | tokens | layers | median wall ms / step | "
+        "median process CPU ms / step | M tokens / s (wall) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
         for batch, seq in ((4, 512), (8, 2048), (4, 8192)):
@@ -81,8 +89,10 @@ def bench_hashing() -> list[str]:
                 cpu.append(time.process_time() - c0)
             ms = statistics.median(wall[1:]) * 1e3
             cpu_ms = statistics.median(cpu[1:]) * 1e3
-            rows.append(f"| {device} | {batch} x {seq} | {batch * seq} | {len(LAYERS)} | "
-                        f"{ms:.2f} | {cpu_ms:.2f} | {batch * seq / ms / 1e3:.2f} |")
+            rows.append(
+                f"| {device} | {batch} x {seq} | {batch * seq} | {len(LAYERS)} | "
+                f"{ms:.2f} | {cpu_ms:.2f} | {batch * seq / ms / 1e3:.2f} |"
+            )
     return rows
 
 
@@ -103,11 +113,11 @@ def _build_variant(overrides: list[str]):
     """Model (DDP over all ranks) and optimizer of an olmx run, built as ``olmx run`` does."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from olmx.worker.model import build_model
-    from olmx.worker.train import train_module_kwargs
     from olmx.config.compose import compose, to_object
     from olmx.plan.resolve import resolve
     from olmx.registry import registry
+    from olmx.worker.model import build_model
+    from olmx.worker.train import train_module_kwargs
 
     reg = registry()
     run = to_object(compose(overrides, reg), reg)
@@ -151,7 +161,7 @@ def _step_time_worker(results_path: str, rounds: int, warmup: int):
     hashing: dict[str, list[float]] = {label: [] for label in labels}
     for r in range(warmup + rounds):
         ids = text[r % rounds, rank]
-        for label in labels[r % len(labels):] + labels[: r % len(labels)]:
+        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
             model, optim, _ = variants[label]
             wall, hash_s = _train_step(model, optim, ids)
             if r >= warmup:
@@ -163,11 +173,12 @@ def _step_time_worker(results_path: str, rounds: int, warmup: int):
         for label in labels:
             step = statistics.median(times[label])
             h = statistics.median(hashing[label])
-            lines.append(f"| {label} | {len(times[label])} | {step * 1e3:.1f} | "
-                         f"{statistics.quantiles(times[label], n=4)[0] * 1e3:.1f} - "
-                         f"{statistics.quantiles(times[label], n=4)[2] * 1e3:.1f} | "
-                         f"{step / base:.2f} | "
-                         + (f"{h * 1e3:.2f} | {h / step:.1%} |" if h else "- | - |"))
+            lines.append(
+                f"| {label} | {len(times[label])} | {step * 1e3:.1f} | "
+                f"{statistics.quantiles(times[label], n=4)[0] * 1e3:.1f} - "
+                f"{statistics.quantiles(times[label], n=4)[2] * 1e3:.1f} | "
+                f"{step / base:.2f} | " + (f"{h * 1e3:.2f} | {h / step:.1%} |" if h else "- | - |")
+            )
         pathlib.Path(results_path).write_text("\n".join(lines))
 
 
@@ -178,12 +189,15 @@ def bench_step_time(rounds: int, warmup: int = 3) -> list[str]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/steps.txt"
-        run_distributed_test(_step_time_worker, world_size=2, backend="gloo", start_method="spawn",
-                             func_args=(out, rounds, warmup))
+        run_distributed_test(
+            _step_time_worker, world_size=2, backend="gloo", start_method="spawn", func_args=(out, rounds, warmup)
+        )
         lines = pathlib.Path(out).read_text().splitlines()
-    header = ["| model | timed steps | median ms / step | interquartile ms | ratio to tiny | "
-              "hashing ms / step | hashing share of step |",
-              "|---|---|---|---|---|---|---|"]
+    header = [
+        "| model | timed steps | median ms / step | interquartile ms | ratio to tiny | "
+        "hashing ms / step | hashing share of step |",
+        "|---|---|---|---|---|---|---|",
+    ]
     return header + lines
 
 
@@ -193,24 +207,32 @@ def _traffic_worker(results_path: str):
     ids = corpus_ids(world * BATCH * SEQ).view(world, BATCH, SEQ)[rank : rank + 1]
     lines = []
     for size in TABLE_SIZES:
-        hasher = NgramHasher(layer_ids=[1], max_ngram_size=N, n_head_per_ngram=K,
-                             vocab_size_per_ngram=[size] * (N - 1), pad_id=comp.canonical(257),
-                             seed=0, compressed_vocab_size=comp.compressed_vocab_size)
+        hasher = NgramHasher(
+            layer_ids=[1],
+            max_ngram_size=N,
+            n_head_per_ngram=K,
+            vocab_size_per_ngram=[size] * (N - 1),
+            pad_id=comp.canonical(257),
+            seed=0,
+            compressed_vocab_size=comp.compressed_vocab_size,
+        )
         hash_ids = hasher.hash(comp.compress(ids.view(BATCH, SEQ)), 1)
         table_bytes = sum(hasher.table_sizes(1)) * DIM * 4
-        for label, sharding, degree in (("1d", "1d", None), ("2d 1x2", "2d", 2),
-                                        ("2d 2x1", "2d", 1)):
-            table = EngramTable(table_sizes=hasher.table_sizes(1), dim=DIM, sharding=sharding,
-                                shard_degree=degree)
+        for label, sharding, degree in (("1d", "1d", None), ("2d 1x2", "2d", 2), ("2d 2x1", "2d", 1)):
+            table = EngramTable(table_sizes=hasher.table_sizes(1), dim=DIM, sharding=sharding, shard_degree=degree)
             table(hash_ids).sum().backward()
-            stats = torch.tensor([table.comm.forward_bytes, table.comm.backward_bytes,
-                                  table.comm.lookups, table.comm.unique_rows], dtype=torch.long)
+            stats = torch.tensor(
+                [table.comm.forward_bytes, table.comm.backward_bytes, table.comm.lookups, table.comm.unique_rows],
+                dtype=torch.long,
+            )
             dist.all_reduce(stats)
             fwd, bwd, lookups, unique = (int(v) for v in stats)
             ddp = 2 * (world - 1) * table_bytes  # ring all-reduce, summed over ranks
-            lines.append(f"| {size:,} | {table_bytes / 2**20:,.1f} | {label} | {lookups:,} | "
-                         f"{unique:,} | {fwd / 2**20:.3f} | {bwd / 2**20:.3f} | "
-                         f"{(fwd + bwd) / 2**20:.3f} | {ddp / 2**20:,.1f} |")
+            lines.append(
+                f"| {size:,} | {table_bytes / 2**20:,.1f} | {label} | {lookups:,} | "
+                f"{unique:,} | {fwd / 2**20:.3f} | {bwd / 2**20:.3f} | "
+                f"{(fwd + bwd) / 2**20:.3f} | {ddp / 2**20:,.1f} |"
+            )
             del table
     if rank == 0:
         pathlib.Path(results_path).write_text("\n".join(lines))
@@ -223,12 +245,13 @@ def bench_traffic() -> list[str]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/traffic.txt"
-        run_distributed_test(_traffic_worker, world_size=2, backend="gloo", start_method="spawn",
-                             func_args=(out,))
+        run_distributed_test(_traffic_worker, world_size=2, backend="gloo", start_method="spawn", func_args=(out,))
         lines = pathlib.Path(out).read_text().splitlines()
-    header = ["| head table size | table MiB | sharding | lookups (2 ranks) | unique rows | "
-              "fwd MiB | bwd MiB | total MiB / step | replicated+DDP MiB / step (formula) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    header = [
+        "| head table size | table MiB | sharding | lookups (2 ranks) | unique rows | "
+        "fwd MiB | bwd MiB | total MiB / step | replicated+DDP MiB / step (formula) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     return header + lines
 
 
@@ -261,8 +284,10 @@ def main() -> None:
     traffic = bench_traffic()
     print(f"\n# Engram benchmark (torch {torch.__version__}, python {sys.version.split()[0]})\n")
     print(f"Machine: {machine()}.\n")
-    print(f"Config: layers {LAYERS}, N={N}, K={K}, row width {DIM} (fp32), "
-          f"micro-batch {BATCH} x {SEQ} per rank for the traffic table.\n")
+    print(
+        f"Config: layers {LAYERS}, N={N}, K={K}, row width {DIM} (fp32), "
+        f"micro-batch {BATCH} x {SEQ} per rank for the traffic table.\n"
+    )
     print("## Step time of the tiny model with and without Engram, 2 gloo processes, interleaved\n")
     print("\n".join(steps))
     print("\n## Hashing (compression + all layers) per step\n")

@@ -79,16 +79,20 @@ class StepTimer(Callback):
         """Append the step's record (rank 0 only)."""
         if get_rank() != 0 or "train/CE loss" not in metrics:
             return
-        record = {"step": step, "loss": metrics["train/CE loss"], "time": time.time(),
-                  "post_step_perf": self._post_step.get(step)}
+        record = {
+            "step": step,
+            "loss": metrics["train/CE loss"],
+            "time": time.time(),
+            "post_step_perf": self._post_step.get(step),
+        }
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
 
 def default_token_file() -> str:
     """The stdlib token file of ``olmx train``'s default run."""
-    from olmx.worker.data import token_files
     from olmx.config.schema import DataConfig
+    from olmx.worker.data import token_files
 
     return token_files(DataConfig())[0]
 
@@ -118,10 +122,19 @@ def main() -> None:
         barrier()
 
         model = TransformerConfig.llama_like(
-            d_model=128, vocab_size=PADDED_VOCAB, n_layers=4, n_heads=4, n_kv_heads=None, qk_norm=False,
-            layer_norm_eps=1e-5, rope_theta=500_000, block_name=TransformerBlockType.default,
-            attn_backend=AttentionBackendName.torch, sliding_window=None,
-            feed_forward=FeedForwardConfig(hidden_size=512, bias=False), init_std=0.02,
+            d_model=128,
+            vocab_size=PADDED_VOCAB,
+            n_layers=4,
+            n_heads=4,
+            n_kv_heads=None,
+            qk_norm=False,
+            layer_norm_eps=1e-5,
+            rope_theta=500_000,
+            block_name=TransformerBlockType.default,
+            attn_backend=AttentionBackendName.torch,
+            sliding_window=None,
+            feed_forward=FeedForwardConfig(hidden_size=512, bias=False),
+            init_std=0.02,
         ).build(init_device="meta")
 
         train_module = TransformerTrainModuleConfig(
@@ -135,12 +148,16 @@ def main() -> None:
             dp_config=TransformerDataParallelConfig(name=DataParallelType.ddp),
         ).build(model)
 
-        tokenizer = TokenizerConfig(vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None,
-                                    identifier="bytes")
-        dataset = NumpyFSLDatasetConfig(tokenizer=tokenizer, paths=[data_path], sequence_length=SEQ_LEN,
-                                        work_dir=str(run_dir / "work" / "dataset")).build()
+        tokenizer = TokenizerConfig(
+            vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None, identifier="bytes"
+        )
+        dataset = NumpyFSLDatasetConfig(
+            tokenizer=tokenizer, paths=[data_path], sequence_length=SEQ_LEN, work_dir=str(run_dir / "work" / "dataset")
+        ).build()
         data_loader = NumpyDataLoaderConfig(
-            global_batch_size=GLOBAL_SEQS * SEQ_LEN, seed=SEED, num_workers=0,
+            global_batch_size=GLOBAL_SEQS * SEQ_LEN,
+            seed=SEED,
+            num_workers=0,
             work_dir=str(run_dir / "work" / "loader"),
         ).build(dataset, dp_process_group=train_module.dp_process_group)
 
@@ -153,8 +170,9 @@ def main() -> None:
             metrics_collect_interval=1,
             cancel_check_interval=10,
             callbacks={
-                "checkpointer": CheckpointerCallback(save_interval=args.save_interval, save_async=False,
-                                                     pre_train_checkpoint=False),
+                "checkpointer": CheckpointerCallback(
+                    save_interval=args.save_interval, save_async=False, pre_train_checkpoint=False
+                ),
                 "console_logger": ConsoleLoggerCallback(log_interval=10),
                 "step_timer": StepTimer(path=str(run_dir / "timing.jsonl")),
             },

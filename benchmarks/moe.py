@@ -46,10 +46,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: The tiny MoE run: d_model 64, 2 layers (both MoE), 8 experts of SwiGLU hidden 128, top-2,
 #: 8 x 128-token sequences per step (4 per process, one micro-batch).
-MODEL = ["layers=[moe]", "layers.moe.num_experts=8", "layers.moe.top_k=2", "model.d_model=64",
-         "model.n_layers=2", "model.n_heads=4", "model.hidden_size=128", "data.seq_len=128",
-         "trainer.global_batch_size=8", "trainer.micro_batch_size=4", "trainer.warmup_steps=2",
-         "infra.nproc_per_node=2"]
+MODEL = [
+    "layers=[moe]",
+    "layers.moe.num_experts=8",
+    "layers.moe.top_k=2",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.hidden_size=128",
+    "data.seq_len=128",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=4",
+    "trainer.warmup_steps=2",
+    "infra.nproc_per_node=2",
+]
 CONFIGS = {
     "fsdp": ["parallel=[fsdp]"],
     "hsdp": ["parallel=[hsdp]"],
@@ -60,8 +70,17 @@ CONFIGS = {
 
 def train(name: str, run_dir: Path, steps: int) -> dict:
     """One ``olmx train`` run; its per-process tokens/s and peak MiB, losses and wall time."""
-    cmd = [sys.executable, "-m", "olmx", "train", *MODEL, *CONFIGS[name], f"trainer.max_steps={steps}",
-           f"trainer.save_interval={steps + 1}", f"trainer.run_dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "olmx",
+        "train",
+        *MODEL,
+        *CONFIGS[name],
+        f"trainer.max_steps={steps}",
+        f"trainer.save_interval={steps + 1}",
+        f"trainer.run_dir={run_dir}",
+    ]
     env = {**os.environ, "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1"}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
@@ -81,8 +100,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "moe.md",
-                        help="the results page written (with the method and the caveat)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "benchmarks" / "results" / "moe.md",
+        help="the results page written (with the method and the caveat)",
+    )
     args = parser.parse_args()
     import torch
 
@@ -90,17 +113,21 @@ def main() -> None:
     results: dict[str, list[dict]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="olmx-moe-bench-") as tmp:
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 res = train(name, Path(tmp) / f"{name}-{r}", args.steps)
                 results[name].append(res)
-                print(f"round {r + 1} {name}: {res['tokens_per_s']:.0f} tokens/s/process, "
-                      f"{res['peak_mib']:.0f} MiB, run {res['wall_s']:.0f} s", file=sys.stderr, flush=True)
+                print(
+                    f"round {r + 1} {name}: {res['tokens_per_s']:.0f} tokens/s/process, "
+                    f"{res['peak_mib']:.0f} MiB, run {res['wall_s']:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     ref_losses = results["fsdp"][0]["losses"]
     for name, runs in results.items():
         for res in runs:
-            worst = max(abs(a - b) / abs(b) for a, b in zip(res["losses"], ref_losses))
+            worst = max(abs(a - b) / abs(b) for a, b in zip(res["losses"], ref_losses, strict=True))
             assert worst < 1e-4, f"{name} logged other losses than fsdp (relative difference {worst:.1e})"
 
     def med(name: str, key: str) -> float:
@@ -144,16 +171,20 @@ def main() -> None:
     for name in names:
         tps, mib = med(name, "tokens_per_s"), med(name, "peak_mib")
         rounds = ", ".join(f"{res['tokens_per_s']:.0f}" for res in results[name])
-        lines.append(f"| {name} | {tps:,.0f} | {tps / med('fsdp', 'tokens_per_s'):.2f}x | {mib:,.0f} | "
-                     f"{mib / med('fsdp', 'peak_mib'):.2f}x | {rounds} |")
+        lines.append(
+            f"| {name} | {tps:,.0f} | {tps / med('fsdp', 'tokens_per_s'):.2f}x | {mib:,.0f} | "
+            f"{mib / med('fsdp', 'peak_mib'):.2f}x | {rounds} |"
+        )
     lines.append("")
     lines.append(f"All runs logged the same losses as fsdp within 1e-4 relative (last: {ref_losses[-1]:.4f}).")
     lines.append("")
-    lines.append("At this size the peak RSS is the Python, torch and OLMo-core runtime: the model's whole state "
-                 "(about 480k parameters; with gradients and AdamW moments under 8 MiB, unsharded) does not show, "
-                 "so the memory column says only that no strategy adds buffers of note. On this shared 2-core "
-                 "machine the rounds differ by up to 25%: read the tokens/s ratios as within noise of each other "
-                 "unless both rounds agree.")
+    lines.append(
+        "At this size the peak RSS is the Python, torch and OLMo-core runtime: the model's whole state "
+        "(about 480k parameters; with gradients and AdamW moments under 8 MiB, unsharded) does not show, "
+        "so the memory column says only that no strategy adds buffers of note. On this shared 2-core "
+        "machine the rounds differ by up to 25%: read the tokens/s ratios as within noise of each other "
+        "unless both rounds agree."
+    )
     table = "\n".join(lines)
     print(table)
     args.out.write_text(table + "\n")

@@ -43,10 +43,15 @@ def fake_site(root: Path, count: int) -> Path:
     for i in range(count):
         kind, group = kinds[i % len(kinds)]
         module = f"olmx_fake{i}"
-        make_dist(site, f"olmx-fake{i}",
-                  f"[{group}]\nfake{i} = {module}.plugin:PLUGIN\n[olmx.conf]\nfake{i} = {module}.conf\n",
-                  {f"{module}.__init__": "", f"{module}.plugin": MODULE.format(i=i, kind=kind,
-                                                                             marker=str(root / f"imported{i}"))})
+        make_dist(
+            site,
+            f"olmx-fake{i}",
+            f"[{group}]\nfake{i} = {module}.plugin:PLUGIN\n[olmx.conf]\nfake{i} = {module}.conf\n",
+            {
+                f"{module}.__init__": "",
+                f"{module}.plugin": MODULE.format(i=i, kind=kind, marker=str(root / f"imported{i}")),
+            },
+        )
     return site
 
 
@@ -76,18 +81,21 @@ def main() -> None:
         base_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         base_env["COLUMNS"] = "200"
         with_fakes = {**base_env, "PYTHONPATH": str(site)}
-        discover = ("from olmx.registry import Registry; "
-                    "[e.description() for e in Registry.discover().entries()]")
+        discover = "from olmx.registry import Registry; [e.description() for e in Registry.discover().entries()]"
         cases = {
             "bare python (`python -c pass`)": ([sys.executable, "-c", "pass"], base_env),
             "`import olmx.cli` (typer, rich)": ([sys.executable, "-c", "import olmx.cli"], base_env),
             "registry discovery + descriptions": ([sys.executable, "-c", discover], base_env),
             f"registry discovery + descriptions, {args.plugins} extra plugins": (
-                [sys.executable, "-c", discover], with_fakes),
+                [sys.executable, "-c", discover],
+                with_fakes,
+            ),
             "`olmx plugins list`": ([*cmd, "plugins", "list"], base_env),
             f"`olmx plugins list`, {args.plugins} extra plugins": ([*cmd, "plugins", "list"], with_fakes),
-            f"`olmx plugins list --json`, {args.plugins} extra plugins": ([*cmd, "plugins", "list", "--json"],
-                                                                          with_fakes),
+            f"`olmx plugins list --json`, {args.plugins} extra plugins": (
+                [*cmd, "plugins", "list", "--json"],
+                with_fakes,
+            ),
         }
         walls: dict[str, list[float]] = {k: [] for k in cases}
         cpus: dict[str, list[float]] = {k: [] for k in cases}
@@ -99,17 +107,22 @@ def main() -> None:
                 cpus[name].append(cpu)
                 outputs[name] = out
         imported = sorted(p.name for p in root.glob("imported*"))
-        listed = sum(f"fake{i} " in outputs[f"`olmx plugins list`, {args.plugins} extra plugins"]
-                     for i in range(args.plugins))
+        listed = sum(
+            f"fake{i} " in outputs[f"`olmx plugins list`, {args.plugins} extra plugins"] for i in range(args.plugins)
+        )
 
     bare = "bare python (`python -c pass`)"
-    print(f"| command ({args.repeat} runs each, interleaved) | wall min (s) | wall median (s) | CPU median (s) "
-          "| CPU median over bare python (s) |")
+    print(
+        f"| command ({args.repeat} runs each, interleaved) | wall min (s) | wall median (s) | CPU median (s) "
+        "| CPU median over bare python (s) |"
+    )
     print("|---|---|---|---|---|")
     for name in cases:
         over = statistics.median(cpus[name]) - statistics.median(cpus[bare])
-        print(f"| {name} | {min(walls[name]):.3f} | {statistics.median(walls[name]):.3f} "
-              f"| {statistics.median(cpus[name]):.3f} | {over:+.3f} |")
+        print(
+            f"| {name} | {min(walls[name]):.3f} | {statistics.median(walls[name]):.3f} "
+            f"| {statistics.median(cpus[name]):.3f} | {over:+.3f} |"
+        )
     print(f"\nfake plugins listed: {listed}/{args.plugins}; fake plugin modules imported: {len(imported)}")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
 

@@ -42,8 +42,8 @@ def build(mode: str, *, seed: int):
     """Model and optimizer for ``mode``, initialised identically for every mode."""
     import torch
 
-    from olmx.worker.model import build_model_config
     from olmx.config.schema import ModelConfig
+    from olmx.worker.model import build_model_config
     from olmx_plugins.precision.mx import apply_mxfp8
     from olmx_plugins.precision.mxfp8 import MXFP8Config
 
@@ -94,7 +94,7 @@ def main() -> None:
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
     loads = [os.getloadavg()[0]]
     for r in range(args.rounds):
-        order = MODES[r % len(MODES):] + MODES[: r % len(MODES)]
+        order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
         for mode in order:
             t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
@@ -116,10 +116,14 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for m in MODES:
-        lines.append(f"| {m} | {med_wall[m] * 1e3:.0f} | {med_wall[m] / med_wall['fp32']:.2f} | "
-                     f"{med_cpu[m] * 1e3:.0f} | {med_cpu[m] / med_cpu['fp32']:.2f} | {first[m]:.4f} |")
-    lines += ["", "Per-round wall ms/step: " + "; ".join(
-        f"{m}: {', '.join(f'{x * 1e3:.0f}' for x in wall[m])}" for m in MODES)]
+        lines.append(
+            f"| {m} | {med_wall[m] * 1e3:.0f} | {med_wall[m] / med_wall['fp32']:.2f} | "
+            f"{med_cpu[m] * 1e3:.0f} | {med_cpu[m] / med_cpu['fp32']:.2f} | {first[m]:.4f} |"
+        )
+    lines += [
+        "",
+        "Per-round wall ms/step: " + "; ".join(f"{m}: {', '.join(f'{x * 1e3:.0f}' for x in wall[m])}" for m in MODES),
+    ]
     text = "\n".join(lines)
     print(text)
     if args.record:

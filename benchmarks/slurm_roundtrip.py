@@ -54,8 +54,11 @@ def main() -> None:
                 run_dir=run_dir, command="true", nproc_per_node=2, python=args.python, cpus_per_task=2
             ),
             "template, torchrun, 2-process gloo all-reduce": jobs.render_sbatch(
-                run_dir=run_dir, command=[args.python, "-c", ALL_REDUCE], nproc_per_node=2,
-                python=args.python, cpus_per_task=2,
+                run_dir=run_dir,
+                command=[args.python, "-c", ALL_REDUCE],
+                nproc_per_node=2,
+                python=args.python,
+                cpus_per_task=2,
             ),
         }
         print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs\n")

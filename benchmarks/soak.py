@@ -32,8 +32,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.hidden_size=256", "data.seq_len=64",
-         "trainer.global_batch_size=8", "trainer.micro_batch_size=4", "trainer.warmup_steps=2", "trainer.lr=3e-3"]
+SMALL = [
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.hidden_size=256",
+    "data.seq_len=64",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=4",
+    "trainer.warmup_steps=2",
+    "trainer.lr=3e-3",
+]
 sys.path.insert(0, str(REPO))
 
 from olmx.events import read_events  # noqa: E402
@@ -41,8 +49,13 @@ from olmx.events import read_events  # noqa: E402
 
 def olmx(run_dir: Path, args: list[str], *, env: dict[str, str]) -> subprocess.Popen:
     log = open(run_dir.parent / f"{run_dir.name}.out", "w")  # noqa: SIM115
-    return subprocess.Popen([sys.executable, "-m", "olmx", "train", *SMALL, f"trainer.run_dir={run_dir}", *args],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "olmx", "train", *SMALL, f"trainer.run_dir={run_dir}", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -96,7 +109,7 @@ def state(ckpt: Path) -> dict:
 
     d = str(ckpt / "model_and_optim")
     keys = sorted(get_checkpoint_metadata(d).state_dict_metadata)
-    return dict(zip(keys, load_keys(d, keys)))
+    return dict(zip(keys, load_keys(d, keys), strict=True))
 
 
 def main() -> int:
@@ -145,10 +158,18 @@ def main() -> int:
         rank = rng.choice(sorted(ranks))
         recs = records(run)
         os.kill(ranks[rank], signal.SIGKILL)
-        kills.append({"attempt": attempt, "rank": rank, "time": time.time(), "early": early,
-                      "step": recs[-1]["step"] if recs else 0})
-        print(f"kill {len(kills)}: rank {rank} at step ~{kills[-1]['step']}{' (start-up)' if early else ''}",
-              flush=True)
+        kills.append(
+            {
+                "attempt": attempt,
+                "rank": rank,
+                "time": time.time(),
+                "early": early,
+                "step": recs[-1]["step"] if recs else 0,
+            }
+        )
+        print(
+            f"kill {len(kills)}: rank {rank} at step ~{kills[-1]['step']}{' (start-up)' if early else ''}", flush=True
+        )
     rc = proc.wait()
     wall = time.time() - t0
 
@@ -169,10 +190,17 @@ def main() -> int:
 
     a, b = state(final), state(ref / "checkpoints" / f"step{args.steps}")
     same_state = a.keys() == b.keys() and all(
-        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
+    )
     recovered = sum(1 for k in kills if k["latency_s"] is not None)  # a new attempt started and trained on
-    ok = (rc == 0 and len(kills) == args.kills and recovered == args.kills and same_loss and same_state
-          and all(k["reported_rank"] == k["rank"] for k in kills))
+    ok = (
+        rc == 0
+        and len(kills) == args.kills
+        and recovered == args.kills
+        and same_loss
+        and same_state
+        and all(k["reported_rank"] == k["rank"] for k in kills)
+    )
 
     lines = [
         "# Fault tolerance: soak benchmark (`benchmarks/soak.py`)",
@@ -195,9 +223,11 @@ def main() -> int:
         "|---|---|---|---|---|---|---|",
     ]
     for i, k in enumerate(kills, 1):
-        lines.append(f"| {i} | {k['rank']}{' (start-up)' if k['early'] else ''} | {k['step']} | "
-                     f"{k['resumed_from'] if k['resumed_from'] is not None else 'scratch'} | {k['recomputed']} | "
-                     f"{k['latency_s']} | {k['reported']} (rank {k['reported_rank']}) |")
+        lines.append(
+            f"| {i} | {k['rank']}{' (start-up)' if k['early'] else ''} | {k['step']} | "
+            f"{k['resumed_from'] if k['resumed_from'] is not None else 'scratch'} | {k['recomputed']} | "
+            f"{k['latency_s']} | {k['reported']} (rank {k['reported_rank']}) |"
+        )
     lines += ["", f"Result: **{'PASS' if ok else 'FAIL'}** (run folder: {root})", ""]
     text = "\n".join(lines)
     print(text)

@@ -35,6 +35,7 @@ losses. Also reported: each run's whole wall time and CPU time (start-up include
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -59,8 +60,15 @@ def uptime() -> str:
 
 def torchrun(nproc: int) -> list[str]:
     """The torchrun prefix ``olmx train`` uses with ``infra=local`` on one node."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-            "--max-restarts=0", "--standalone"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--max-restarts=0",
+        "--standalone",
+    ]
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -84,7 +92,7 @@ def tree_cpu(root: int) -> tuple[float, float]:
             raw = Path(entry.path, "stat").read_text()
         except OSError:
             continue
-        f = raw[raw.rfind(")") + 2:].split()  # f[0] is field 3 (state) of proc(5)
+        f = raw[raw.rfind(")") + 2 :].split()  # f[0] is field 3 (state) of proc(5)
         stats[int(entry.name)] = (int(f[1]), sum(int(x) for x in f[11:15]) / CLK_TCK)
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in stats.items():
@@ -112,8 +120,9 @@ def last_step(path: Path) -> int:
     return json.loads(lines[-1])["step"] if lines else 0
 
 
-def run(cmd: list[str], log: Path, cwd: Path, *, records: Path, marks: tuple[int, int],
-        tty: bool = False) -> dict[str, float]:
+def run(
+    cmd: list[str], log: Path, cwd: Path, *, records: Path, marks: tuple[int, int], tty: bool = False
+) -> dict[str, float]:
     """Run ``cmd`` in a new session (as olmx starts its torchrun; see the module docstring)
     with output to ``log`` (``tty``: through ``script``, on a pseudo-terminal).
     Returns its wall time, the CPU time of its process tree, and the tree's CPU time per
@@ -125,8 +134,9 @@ def run(cmd: list[str], log: Path, cwd: Path, *, records: Path, marks: tuple[int
         cmd = ["script", "-q", "-e", "-c", shlex.join(cmd), "/dev/null"]
     env = {**os.environ, "TERM": os.environ.get("TERM", "xterm-256color")} if tty else None
     with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                                start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True, env=env
+        )
         while proc.poll() is None:
             if len(snaps) < len(marks):
                 step = last_step(records)
@@ -140,8 +150,13 @@ def run(cmd: list[str], log: Path, cwd: Path, *, records: Path, marks: tuple[int
     if len(snaps) < len(marks):
         raise SystemExit(f"{' '.join(cmd)}: the records of steps {marks} never appeared in {records}")
     (s0, (w0, r0)), (s1, (w1, r1)) = snaps
-    return {"wall": wall, "cpu": cpu, "cpu_step": (w1 + r1 - w0 - r0) / (s1 - s0),
-            "cpu_step_workers": (w1 - w0) / (s1 - s0), "cpu_step_launcher": (r1 - r0) / (s1 - s0)}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "cpu_step": (w1 + r1 - w0 - r0) / (s1 - s0),
+        "cpu_step_workers": (w1 - w0) / (s1 - s0),
+        "cpu_step_launcher": (r1 - r0) / (s1 - s0),
+    }
 
 
 def read_records(path: Path) -> dict[int, dict]:
@@ -156,7 +171,7 @@ def step_stats(records: dict[int, dict], *, skip: int, steps: int) -> tuple[floa
     if missing:
         raise SystemExit(f"no record for steps {missing}")
     t = [records[s]["time"] for s in window]
-    intervals = [b - a for a, b in zip(t, t[1:])]
+    intervals = [b - a for a, b in itertools.pairwise(t)]
     return (t[-1] - t[0]) / (len(t) - 1), statistics.median(intervals)
 
 
@@ -166,8 +181,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the window")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--tty", action="store_true",
-                        help="run both sides on a pseudo-terminal (olmx then draws its progress bar)")
+    parser.add_argument(
+        "--tty", action="store_true", help="run both sides on a pseudo-terminal (olmx then draws its progress bar)"
+    )
     parser.add_argument("--record", type=Path, default=None, help="append the Markdown result to this file")
     args = parser.parse_args()
     if not 1 <= args.skip < args.steps - 2:
@@ -188,25 +204,42 @@ def main() -> None:
             for side in SIDES if rnd % 2 == 0 else SIDES[::-1]:
                 run_dir = tmp_path / f"{side}-{rnd}"
                 if side == "olmx":
-                    cmd = [str(BIN / "olmx"), "train", f"trainer.max_steps={args.steps}",
-                           f"trainer.save_interval={save_interval}", f"trainer.run_dir={run_dir}",
-                           f"infra.nproc_per_node={args.nproc}"]
+                    cmd = [
+                        str(BIN / "olmx"),
+                        "train",
+                        f"trainer.max_steps={args.steps}",
+                        f"trainer.save_interval={save_interval}",
+                        f"trainer.run_dir={run_dir}",
+                        f"infra.nproc_per_node={args.nproc}",
+                    ]
                     records_file = run_dir / "metrics.jsonl"
                 else:
-                    cmd = torchrun(args.nproc) + [str(HERE / "handwritten_train.py"), "--run-dir", str(run_dir),
-                                                  "--steps", str(args.steps), "--save-interval", save_interval,
-                                                  "--data", data]
+                    cmd = torchrun(args.nproc) + [
+                        str(HERE / "handwritten_train.py"),
+                        "--run-dir",
+                        str(run_dir),
+                        "--steps",
+                        str(args.steps),
+                        "--save-interval",
+                        save_interval,
+                        "--data",
+                        data,
+                    ]
                     records_file = run_dir / "timing.jsonl"
-                row = run(cmd, tmp_path / f"{side}-{rnd}.log", tmp_path, records=records_file, marks=marks,
-                          tty=args.tty)
+                row = run(
+                    cmd, tmp_path / f"{side}-{rnd}.log", tmp_path, records=records_file, marks=marks, tty=args.tty
+                )
                 records = read_records(records_file)
                 row["mean"], row["median"] = step_stats(records, skip=args.skip, steps=args.steps)
                 rows[side].append(row)
                 losses[side].append({s: r["loss"] for s, r in records.items()})
-                print(f"round {rnd + 1} {side:11s} wall {row['mean']:.4f} s/step (median interval "
-                      f"{row['median']:.4f})  cpu {row['cpu_step']:.4f} s/step (workers {row['cpu_step_workers']:.4f}, "
-                      f"launchers {row['cpu_step_launcher']:.4f})  run wall {row['wall']:.1f} s  "
-                      f"run cpu {row['cpu']:.1f} s  load {uptime()}", flush=True)
+                print(
+                    f"round {rnd + 1} {side:11s} wall {row['mean']:.4f} s/step (median interval "
+                    f"{row['median']:.4f})  cpu {row['cpu_step']:.4f} s/step (workers {row['cpu_step_workers']:.4f}, "
+                    f"launchers {row['cpu_step_launcher']:.4f})  run wall {row['wall']:.1f} s  "
+                    f"run cpu {row['cpu']:.1f} s  load {uptime()}",
+                    flush=True,
+                )
     load_end = uptime()
     print()
     text = report(rows, losses, args=args, load=(load_start, load_end))
@@ -216,14 +249,21 @@ def main() -> None:
             f.write("\n" + text)
 
 
-def report(rows: dict[str, list[dict[str, float]]], losses: dict[str, list[dict[int, float]]], *,
-           args: argparse.Namespace, load: tuple[str, str]) -> str:
+def report(
+    rows: dict[str, list[dict[str, float]]],
+    losses: dict[str, list[dict[int, float]]],
+    *,
+    args: argparse.Namespace,
+    load: tuple[str, str],
+) -> str:
     """The Markdown result."""
     keys = ("mean", "median", "cpu_step", "cpu_step_workers", "cpu_step_launcher", "wall", "cpu")
     med = {side: {k: statistics.median(r[k] for r in rows[side]) for k in keys} for side in SIDES}
     ratio = {k: med["olmx"][k] / med["handwritten"][k] for k in keys}
-    pairs = {k: [o[k] / h[k] for o, h in zip(rows["olmx"], rows["handwritten"])] for k in ("mean", "cpu_step")}
-    loss_diff = max(abs(o[s] - h[s]) for o, h in zip(losses["olmx"], losses["handwritten"]) for s in o)
+    pairs = {
+        k: [o[k] / h[k] for o, h in zip(rows["olmx"], rows["handwritten"], strict=True)] for k in ("mean", "cpu_step")
+    }
+    loss_diff = max(abs(o[s] - h[s]) for o, h in zip(losses["olmx"], losses["handwritten"], strict=True) for s in o)
     lines = [
         f"### step time, {datetime.now():%Y-%m-%d %H:%M}",
         "",
@@ -238,21 +278,29 @@ def report(rows: dict[str, list[dict[str, float]]], losses: dict[str, list[dict[
     ]
     for side in SIDES:
         m = med[side]
-        lines.append(f"| {side} | {m['mean']:.4f} | {m['median']:.4f} | {m['cpu_step']:.4f} "
-                     f"| {m['cpu_step_workers']:.4f} | {m['cpu_step_launcher']:.4f} | {m['wall']:.1f} "
-                     f"| {m['cpu']:.1f} |")
-    lines.append("| olmx / hand-written | " + " | ".join(f"**{ratio[k]:.4f}**" if k in ("mean", "cpu_step")
-                                                        else f"{ratio[k]:.4f}" for k in keys) + " |")
+        lines.append(
+            f"| {side} | {m['mean']:.4f} | {m['median']:.4f} | {m['cpu_step']:.4f} "
+            f"| {m['cpu_step_workers']:.4f} | {m['cpu_step_launcher']:.4f} | {m['wall']:.1f} "
+            f"| {m['cpu']:.1f} |"
+        )
+    lines.append(
+        "| olmx / hand-written | "
+        + " | ".join(f"**{ratio[k]:.4f}**" if k in ("mean", "cpu_step") else f"{ratio[k]:.4f}" for k in keys)
+        + " |"
+    )
     lines += [
         "",
         "Per round, olmx / hand-written (same-round pairs): wall s/step "
-        + ", ".join(f"{r:.4f}" for r in pairs["mean"]) + "; CPU s/step "
-        + ", ".join(f"{r:.4f}" for r in pairs["cpu_step"]) + ". Goal: within 2% (ratio <= 1.02).",
+        + ", ".join(f"{r:.4f}" for r in pairs["mean"])
+        + "; CPU s/step "
+        + ", ".join(f"{r:.4f}" for r in pairs["cpu_step"])
+        + ". Goal: within 2% (ratio <= 1.02).",
         "",
-        "Per run wall s/step: " + "; ".join(
-            f"{side} " + ", ".join(f"{r['mean']:.4f}" for r in rows[side]) for side in SIDES)
-        + ". CPU s/step: " + "; ".join(
-            f"{side} " + ", ".join(f"{r['cpu_step']:.4f}" for r in rows[side]) for side in SIDES) + ".",
+        "Per run wall s/step: "
+        + "; ".join(f"{side} " + ", ".join(f"{r['mean']:.4f}" for r in rows[side]) for side in SIDES)
+        + ". CPU s/step: "
+        + "; ".join(f"{side} " + ", ".join(f"{r['cpu_step']:.4f}" for r in rows[side]) for side in SIDES)
+        + ".",
         "",
         f"Largest per-step loss difference olmx vs hand-written, same round: {loss_diff:.3g} "
         "(0: the same computation).",

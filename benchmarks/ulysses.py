@@ -62,15 +62,20 @@ def build(ac: str | None, world: int):
     from olmx_plugins.parallel.ulysses_attention import apply_ulysses_attention
 
     config = TransformerConfig.llama_like(
-        d_model=MODEL["d_model"], vocab_size=MODEL["vocab"], n_layers=MODEL["n_layers"], n_heads=MODEL["n_heads"],
-        feed_forward=FeedForwardConfig(hidden_size=MODEL["hidden"], bias=False))
+        d_model=MODEL["d_model"],
+        vocab_size=MODEL["vocab"],
+        n_layers=MODEL["n_layers"],
+        n_heads=MODEL["n_heads"],
+        feed_forward=FeedForwardConfig(hidden_size=MODEL["hidden"], bias=False),
+    )
     torch.manual_seed(0)
     model = config.build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
     if world > 1:
         apply_ulysses_attention(model)
-        model.apply_cp(init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))["cp"],
-                       uly=UlyssesContextParallelStyle())
+        model.apply_cp(
+            init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))["cp"], uly=UlyssesContextParallelStyle()
+        )
     if ac:
         cfg = activation_checkpointing_config(ac)
         model.apply_activation_checkpointing(cfg.mode, modules=cfg.modules)
@@ -203,14 +208,18 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    print(f"# Ulysses benchmark ({datetime.now():%Y-%m-%d %H:%M}, torch {torch.__version__}, "
-          f"{os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print(
+        f"# Ulysses benchmark ({datetime.now():%Y-%m-%d %H:%M}, torch {torch.__version__}, "
+        f"{os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})"
+    )
     print(f"model {MODEL}, fp32, 1 thread per process\n")
 
     if not args.skip_maxlen:
         print(f"## Longest sequence under a {args.cap_mib:.0f} MiB per-process peak RSS cap\n")
-        print("| processes | activation checkpointing | baseline MiB | longest sequence (256 grid) | its peak MiB "
-              "| fitted longest | fitted vs 1 process, no checkpointing |")
+        print(
+            "| processes | activation checkpointing | baseline MiB | longest sequence (256 grid) | its peak MiB "
+            "| fitted longest | fitted vs 1 process, no checkpointing |"
+        )
         print("|---|---|---|---|---|---|---|")
         reference = None
         for ac in (None, "long_context"):
@@ -218,26 +227,33 @@ def main() -> None:
                 r = run({"kind": "maxlen", "cap": args.cap_mib, "ac": ac}, world)
                 fit = fitted_max(r["trials"], args.cap_mib)
                 reference = reference or fit
-                print(f"| {world}{' (Ulysses)' if world > 1 else ''} | {ac or 'none'} | {r['base_mib']:.0f} | "
-                      f"{r['max_seq']:,} | {r['peak_mib']:.0f} | {fit:,} | {fit / reference:.2f}x |", flush=True)
+                print(
+                    f"| {world}{' (Ulysses)' if world > 1 else ''} | {ac or 'none'} | {r['base_mib']:.0f} | "
+                    f"{r['max_seq']:,} | {r['peak_mib']:.0f} | {fit:,} | {fit / reference:.2f}x |",
+                    flush=True,
+                )
                 print(f"<!-- trials (S, peak MiB): {r['trials']} -->", file=sys.stderr, flush=True)
         print()
 
     n = args.equal_tokens
     print(f"## Step time at equal total tokens ({n:,} tokens per step, median of 3)\n")
-    print("| processes | tokens per process | step wall seconds (slowest rank) | step CPU seconds (all ranks) "
-          "| peak MiB per process |")
+    print(
+        "| processes | tokens per process | step wall seconds (slowest rank) | step CPU seconds (all ranks) "
+        "| peak MiB per process |"
+    )
     print("|---|---|---|---|---|")
     for world in (1, 2):
         r = run({"kind": "time", "seq": n}, world)
-        print(f"| {world}{' (Ulysses)' if world > 1 else ''} | {n // world:,} | {r['seconds']:.2f} | "
-              f"{r['cpu_seconds']:.2f} | {r['peak_mib']:.0f} |", flush=True)
+        print(
+            f"| {world}{' (Ulysses)' if world > 1 else ''} | {n // world:,} | {r['seconds']:.2f} | "
+            f"{r['cpu_seconds']:.2f} | {r['peak_mib']:.0f} |",
+            flush=True,
+        )
     print()
 
     s = args.ac_tokens
     print(f"## Activation checkpointing, 1 process, {s:,}-token sequence (median of 3)\n")
-    print("| trainer.activation_checkpointing | peak MiB | above baseline MiB | step wall seconds "
-          "| step CPU seconds |")
+    print("| trainer.activation_checkpointing | peak MiB | above baseline MiB | step wall seconds | step CPU seconds |")
     print("|---|---|---|---|---|")
     # selected_ops is OLMo-core's op-level policy, measured for comparison (olmx does not offer it)
     for ac in (None, "long_context", "full", "selected_ops"):
@@ -245,8 +261,11 @@ def main() -> None:
         if "error" in r:
             print(f"| {ac} | fails: {r['error'][:120]} | | | |", flush=True)
             continue
-        print(f"| {ac or 'null'} | {r['peak_mib']:.0f} | {r['peak_mib'] - r['base_mib']:.0f} | "
-              f"{r['seconds']:.2f} | {r['cpu_seconds']:.2f} |", flush=True)
+        print(
+            f"| {ac or 'null'} | {r['peak_mib']:.0f} | {r['peak_mib'] - r['base_mib']:.0f} | "
+            f"{r['seconds']:.2f} | {r['cpu_seconds']:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

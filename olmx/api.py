@@ -164,8 +164,11 @@ class Mesh:
 
     def dims(self) -> dict[str, int]:
         """The dimensions as the plan shows them (``{"dp": 4}``, ``{"dp_replicate": 2, "dp_shard": 2, "cp": 2}``)."""
-        out = ({"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard}
-               if self.hybrid or (self.dp_replicate > 1 and self.dp_shard > 1) else {"dp": self.dp})
+        out = (
+            {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard}
+            if self.hybrid or (self.dp_replicate > 1 and self.dp_shard > 1)
+            else {"dp": self.dp}
+        )
         if self.cp > 1:
             out["cp"] = self.cp
         if self.ep > 1:
@@ -260,17 +263,29 @@ class Context:
                 (f"{compute_label} (all-gathered parameters)", d.param),
                 ("gradient reduction (reduce-scatter)", d.reduce),
                 ("gradients the optimizer sees", "float32 (sharded)"),
-                ("mechanism", f"OLMo-core dp_config.param_dtype={d.param}, reduce_dtype={d.reduce} "
-                              "(FSDP2 mixed-precision policy)"),
+                (
+                    "mechanism",
+                    f"OLMo-core dp_config.param_dtype={d.param}, reduce_dtype={d.reduce} "
+                    "(FSDP2 mixed-precision policy)",
+                ),
             ]
         if d.param == "float32":
             rows.append((compute_label, "float32 (no autocast)"))
         else:
-            rows.append((compute_label, f"{d.param} for autocast's lower-precision ops (linear, matmul, attention); "
-                                        "the rest as torch.autocast's op lists say"))
+            rows.append(
+                (
+                    compute_label,
+                    f"{d.param} for autocast's lower-precision ops (linear, matmul, attention); "
+                    "the rest as torch.autocast's op lists say",
+                )
+            )
         rows.append(("gradients, reduction", "float32" if world.size > 1 else "float32 (one process: no reduction)"))
-        rows.append(("mechanism", f"OLMo-core autocast_precision={d.param} (torch.autocast)" if d.param != "float32"
-                     else "none"))
+        rows.append(
+            (
+                "mechanism",
+                f"OLMo-core autocast_precision={d.param} (torch.autocast)" if d.param != "float32" else "none",
+            )
+        )
         return rows
 
 
@@ -427,11 +442,19 @@ class InfraPlugin(Plugin):
 
 
 #: Plugin kind -> its base class.
-BASES: dict[str, type[Plugin]] = {"layer": LayerPlugin, "parallel": ParallelPlugin, "precision": PrecisionPlugin,
-                                  "infra": InfraPlugin}
+BASES: dict[str, type[Plugin]] = {
+    "layer": LayerPlugin,
+    "parallel": ParallelPlugin,
+    "precision": PrecisionPlugin,
+    "infra": InfraPlugin,
+}
 #: Hooks a plugin of each kind must override (the others have working defaults).
-REQUIRED_HOOKS: dict[str, tuple[str, ...]] = {"layer": (), "parallel": (), "precision": (),
-                                              "infra": ("world", "dry_run", "launch")}
+REQUIRED_HOOKS: dict[str, tuple[str, ...]] = {
+    "layer": (),
+    "parallel": (),
+    "precision": (),
+    "infra": ("world", "dry_run", "launch"),
+}
 
 
 def check_dtypes(dtypes: Dtypes, *, mesh: Mesh, world: World, field_prefix: str) -> None:
@@ -440,8 +463,9 @@ def check_dtypes(dtypes: Dtypes, *, mesh: Mesh, world: World, field_prefix: str)
         if value not in DTYPES:
             raise ConfigError(f"{field_prefix}.{key}", f"'{value}' is not one of {', '.join(DTYPES)}")
     if dtypes.reduce != "float32" and not mesh.shards_params and world.size > 1:
-        raise ConfigError(f"{field_prefix}.reduce_dtype",
-                          f"{dtypes.reduce} reduction needs a data-parallel strategy that shards parameters "
-                          f"(parallel=[fsdp] or [hsdp]): without sharding the parameters stay float32 and their float32 "
-                          f"gradients are all-reduced")
-
+        raise ConfigError(
+            f"{field_prefix}.reduce_dtype",
+            f"{dtypes.reduce} reduction needs a data-parallel strategy that shards parameters "
+            f"(parallel=[fsdp] or [hsdp]): without sharding the parameters stay float32 and their float32 "
+            f"gradients are all-reduced",
+        )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
@@ -18,7 +17,10 @@ from olmx import __version__
 from olmx.errors import OlmxError
 
 app = typer.Typer(
-    name="olmx", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="olmx",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
     help="Pre-train OLMo-style language models on OLMo-core, declaratively.",
 )
 plugins_app = typer.Typer(no_args_is_help=True, help="List, inspect and check olmx plugins.")
@@ -57,8 +59,11 @@ def _root(version: bool = typer.Option(False, "--version", help="Print the versi
 @guarded
 def train(
     overrides: Optional[list[str]] = typer.Argument(
-        None, help="Hydra overrides: key=value, group=option, parallel=[fsdp,ulysses], +new.key=1, ~key."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and plan; write and start nothing."),
+        None, help="Hydra overrides: key=value, group=option, parallel=[fsdp,ulysses], +new.key=1, ~key."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the resolved config and plan; write and start nothing."
+    ),
 ) -> None:
     """Compose the config, resolve the plan, and train (or print it with --dry-run)."""
     from olmx.config.compose import compose, config_yaml, to_object
@@ -137,8 +142,8 @@ def plugins_list(
     check: bool = typer.Option(False, "--check", help="Also import each plugin and check its protocol."),
 ) -> None:
     """Every installed plugin (imports none of them unless --check)."""
-    from olmx.errors import ConfigError
     from olmx.api import GROUPS
+    from olmx.errors import ConfigError
     from olmx.registry import registry
 
     if kind is not None and kind not in GROUPS:
@@ -147,8 +152,19 @@ def plugins_list(
     if check:
         reg.load_all(kind)
     entries = reg.entries(kind)
-    rows = [{"kind": e.kind, "name": e.name, "distribution": e.dist, "version": e.version, "status": e.status,
-             "reason": e.reason, "target": e.value, "description": e.description()} for e in entries]
+    rows = [
+        {
+            "kind": e.kind,
+            "name": e.name,
+            "distribution": e.dist,
+            "version": e.version,
+            "status": e.status,
+            "reason": e.reason,
+            "target": e.value,
+            "description": e.description(),
+        }
+        for e in entries
+    ]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -157,8 +173,14 @@ def plugins_list(
     table = Table(title="olmx plugins")
     for col in ("kind", "name", "distribution", "status", "description"):
         table.add_column(col)
-    colors = {"ok": "green", "available": "green", "broken": "red", "incompatible": "red",
-              "shadowed": "yellow", "disabled": "dim"}
+    colors = {
+        "ok": "green",
+        "available": "green",
+        "broken": "red",
+        "incompatible": "red",
+        "shadowed": "yellow",
+        "disabled": "dim",
+    }
     for r in rows:
         status = f"[{colors.get(r['status'], 'white')}]{r['status']}[/]"
         if r["reason"]:
@@ -176,9 +198,9 @@ def plugins_show(
     """One plugin's config schema: keys, types, defaults and their documentation."""
     from rich.table import Table
 
+    from olmx.api import CONFIG_GROUPS
     from olmx.config.docs import schema_rows
     from olmx.errors import PluginError
-    from olmx.api import CONFIG_GROUPS
     from olmx.registry import registry
 
     reg = registry()
@@ -193,7 +215,9 @@ def plugins_show(
     group = CONFIG_GROUPS[entry.kind]
     prefix = f"{group}." if entry.kind == "infra" else f"{group}.{name}."
     out.print(f"[bold]{name}[/] ({entry.kind}, {entry.dist} {entry.version}): {plugin.description}")
-    out.print(f"select with: {group}={name}" if entry.kind in ("infra", "precision") else f"select with: {group}=[{name}]")
+    out.print(
+        f"select with: {group}={name}" if entry.kind in ("infra", "precision") else f"select with: {group}=[{name}]"
+    )
     table = Table(show_lines=False)
     for col in ("key", "type", "default", "description"):
         table.add_column(col)
@@ -218,7 +242,9 @@ def plugins_new(
 
 @plugins_app.command("check")
 @guarded
-def plugins_check(target: str = typer.Argument(..., help="A source tree, a wheel, or an installed distribution name.")) -> None:
+def plugins_check(
+    target: str = typer.Argument(..., help="A source tree, a wheel, or an installed distribution name."),
+) -> None:
     """Check a plugin package's entry points and objects without installing it (exit 0 only if all pass)."""
     from olmx.plugin_tools import check_plugin
 
@@ -249,8 +275,10 @@ def jobs_status(run_dir: Path = typer.Argument(..., help="The run directory.")) 
 
 @jobs_app.command("logs")
 @guarded
-def jobs_logs(run_dir: Path = typer.Argument(..., help="The run directory."),
-              lines: int = typer.Option(40, "--lines", "-n", help="How many lines from the end.")) -> None:
+def jobs_logs(
+    run_dir: Path = typer.Argument(..., help="The run directory."),
+    lines: int = typer.Option(40, "--lines", "-n", help="How many lines from the end."),
+) -> None:
     """The end of a launched run's log."""
     infra, plan = _launched(run_dir)
     out.print(infra.job_logs(plan.infra, plan, lines), markup=False)
@@ -298,8 +326,11 @@ class ProvisionGroup(typer.core.TyperGroup):
                 return None
             return _guard_all(typer.main.get_group(group))
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the CLI down
-            message = str(exc) if isinstance(exc, PluginError) else (
-                f"infra plugin '{name}' failed to build its commands: {type(exc).__name__}: {exc}")
+            message = (
+                str(exc)
+                if isinstance(exc, PluginError)
+                else (f"infra plugin '{name}' failed to build its commands: {type(exc).__name__}: {exc}")
+            )
 
         def unavailable() -> None:
             err.print(f"error: {message}", markup=False)
@@ -317,8 +348,11 @@ def _guard_all(command: Any) -> Any:
     return command
 
 
-provision_app = typer.Typer(cls=ProvisionGroup, no_args_is_help=True,
-                            help="Provision and manage machines on an infra target (olmx provision runpod ...).")
+provision_app = typer.Typer(
+    cls=ProvisionGroup,
+    no_args_is_help=True,
+    help="Provision and manage machines on an infra target (olmx provision runpod ...).",
+)
 app.add_typer(provision_app, name="provision")
 
 
@@ -328,4 +362,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

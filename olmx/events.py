@@ -83,8 +83,9 @@ class Outcome:
     message: str
 
 
-def outcome(run_dir: str | Path, *, launch: str | None = None, since: float | None = None,
-            returncode: int | None = None) -> Outcome:
+def outcome(
+    run_dir: str | Path, *, launch: str | None = None, since: float | None = None, returncode: int | None = None
+) -> Outcome:
     """The outcome of a launch from its last ``end`` record (``since``: as in
     :func:`read_events`; ``returncode``: torchrun's, used when there is none)."""
     final = None
@@ -101,9 +102,13 @@ def outcome(run_dir: str | Path, *, launch: str | None = None, since: float | No
     if reason == "stop_at_step":
         return Outcome("complete", 0, step, f"stopped at trainer.stop_at_step={step}")
     if reason == "nonfinite":
-        return Outcome("nonfinite", EXIT_NONFINITE, step,
-                       f"stopped on a non-finite loss/gradient at step {step}; the checkpoint of step {step} holds "
-                       f"the parameters from before that step")
+        return Outcome(
+            "nonfinite",
+            EXIT_NONFINITE,
+            step,
+            f"stopped on a non-finite loss/gradient at step {step}; the checkpoint of step {step} holds "
+            f"the parameters from before that step",
+        )
     return Outcome("stopped", EXIT_PREEMPTED, step, f"stopped by {reason}; checkpoint saved at step {step}")
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from olmx import PLUGIN_API, __version__
-from olmx.errors import ConfigError
 from olmx.api import CONFIG_GROUPS, GROUPS
 from olmx.config.search_path import CONF_GROUP
+from olmx.errors import ConfigError
 
 if TYPE_CHECKING:
     from olmx.registry import Registry
@@ -72,13 +72,21 @@ def plugin_names(raw: str) -> PluginNames:
     """Derive every name from ``raw`` (``my-thing``, ``my_thing`` or ``olmx-my-thing``)."""
     base = re.sub(r"^olmx[-_]", "", raw.strip().lower())
     if not re.fullmatch(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*", base):
-        raise ConfigError("NAME", f"'{raw}' must be letters, digits and single '-' or '_' between them, "
-                          "starting with a letter (e.g. my-thing)")
+        raise ConfigError(
+            "NAME",
+            f"'{raw}' must be letters, digits and single '-' or '_' between them, "
+            "starting with a letter (e.g. my-thing)",
+        )
     name = base.replace("-", "_")
     if keyword.iskeyword(name):
         raise ConfigError("NAME", f"'{name}' is a Python keyword")
-    return PluginNames(name=name, dist=f"olmx-{base.replace('_', '-')}", module=f"olmx_{name}",
-                       title="".join(p.capitalize() for p in name.split("_")), const=name.upper())
+    return PluginNames(
+        name=name,
+        dist=f"olmx-{base.replace('_', '-')}",
+        module=f"olmx_{name}",
+        title="".join(p.capitalize() for p in name.split("_")),
+        const=name.upper(),
+    )
 
 
 def entry_point_toml(group: str, name: str, value: str) -> str:
@@ -118,22 +126,28 @@ def new_plugin(name: str, *, kind: str, directory: Path | None = None) -> Path:
     names = plugin_names(name)
     taken = registry().entry(kind, names.name)
     if taken is not None:
-        raise ConfigError("NAME", f"'{names.name}' is already a {kind} plugin ({taken.dist} {taken.version}); "
-                          "choose another name")
+        raise ConfigError(
+            "NAME", f"'{names.name}' is already a {kind} plugin ({taken.dist} {taken.version}); choose another name"
+        )
     target = Path(directory) if directory is not None else Path.cwd() / names.dist
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ConfigError("--dir", f"'{target}' already exists and is not empty")
 
     group = GROUPS[kind]
     context: dict[str, Any] = {
-        **names.__dict__, "kind": kind, "group": group, "config_group": CONFIG_GROUPS[kind],
-        "api": API_RANGE, "plugin_api": PLUGIN_API,
+        **names.__dict__,
+        "kind": kind,
+        "group": group,
+        "config_group": CONFIG_GROUPS[kind],
+        "api": API_RANGE,
+        "plugin_api": PLUGIN_API,
         "olmx_requirement": "olmx>=" + ".".join(__version__.split(".")[:2]),
         "entry_point": entry_point_toml(group, names.name, f"{names.module}.plugin:{names.const}"),
         "conf_entry_point": entry_point_toml(CONF_GROUP, names.name, f"{names.module}.conf"),
     }
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True
+    )
     tokens = {"_module_": names.module, "_name_": names.name}
     for root in (_templates() / "common", _templates() / kind):
         for src in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
@@ -143,8 +157,7 @@ def new_plugin(name: str, *, kind: str, directory: Path | None = None) -> Path:
             dest = target / rel.removesuffix(".j2")
             dest.parent.mkdir(parents=True, exist_ok=True)
             text = src.read_text(encoding="utf-8")
-            dest.write_text(env.from_string(text).render(context) if src.suffix == ".j2" else text,
-                            encoding="utf-8")
+            dest.write_text(env.from_string(text).render(context) if src.suffix == ".j2" else text, encoding="utf-8")
     return target
 
 
@@ -220,11 +233,19 @@ def _read_package(target: str, tmp: Path) -> tuple[_Package, list[Check]]:
     try:
         dist = metadata.distribution(target)
     except (metadata.PackageNotFoundError, ValueError):
-        raise ConfigError("TARGET", f"'{target}' is not a source tree (a directory with pyproject.toml), "
-                          "a .whl file or an installed distribution") from None
-    return _Package(dist=dist.metadata["Name"], version=dist.version,
-                    entry_points=dist.read_text("entry_points.txt") or "", requires=list(dist.requires or []),
-                    paths=[], where="installed distribution"), []
+        raise ConfigError(
+            "TARGET",
+            f"'{target}' is not a source tree (a directory with pyproject.toml), "
+            "a .whl file or an installed distribution",
+        ) from None
+    return _Package(
+        dist=dist.metadata["Name"],
+        version=dist.version,
+        entry_points=dist.read_text("entry_points.txt") or "",
+        requires=list(dist.requires or []),
+        paths=[],
+        where="installed distribution",
+    ), []
 
 
 def _read_source_tree(root: Path) -> tuple[_Package, list[Check]]:
@@ -237,22 +258,28 @@ def _read_source_tree(root: Path) -> tuple[_Package, list[Check]]:
         raise ConfigError("TARGET", f"{pyproject} is not valid TOML: {exc}") from None
     checks: list[Check] = []
     if "entry-points" in project.get("dynamic", []):
-        checks.append(Check("entry points", "pyproject.toml",
-                            "entry points are dynamic; build a wheel and check it instead"))
+        checks.append(
+            Check("entry points", "pyproject.toml", "entry points are dynamic; build a wheel and check it instead")
+        )
     # [project.entry-points] tables -> entry_points.txt text, as a build backend writes it.
     lines: list[str] = []
     for group, table in (project.get("entry-points") or {}).items():
         lines.append(f"[{group}]")
         if not isinstance(table, dict):
-            checks.append(Check("entry points", group, "must be a table of name = \"module:object\""))
+            checks.append(Check("entry points", group, 'must be a table of name = "module:object"'))
             continue
         for name, value in table.items():
             lines.append(f"{name} = {value}")
         lines.append("")
     paths = [str(p) for p in (root / "src", root) if p.is_dir()]
-    return _Package(dist=str(project.get("name", root.name)), version=str(project.get("version", "?")),
-                    entry_points="\n".join(lines), requires=list(project.get("dependencies", [])),
-                    paths=paths, where=f"source tree {root}"), checks
+    return _Package(
+        dist=str(project.get("name", root.name)),
+        version=str(project.get("version", "?")),
+        entry_points="\n".join(lines),
+        requires=list(project.get("dependencies", [])),
+        paths=paths,
+        where=f"source tree {root}",
+    ), checks
 
 
 def _read_wheel(wheel: Path, tmp: Path) -> _Package:
@@ -272,8 +299,14 @@ def _read_wheel(wheel: Path, tmp: Path) -> _Package:
             zf.extractall(unpacked)
     except zipfile.BadZipFile:
         raise ConfigError("TARGET", f"{wheel} is not a valid wheel (zip) file") from None
-    return _Package(dist=meta["Name"] or wheel.name, version=meta["Version"] or "?", entry_points=text,
-                    requires=meta.get_all("Requires-Dist") or [], paths=[str(unpacked)], where=f"wheel {wheel.name}")
+    return _Package(
+        dist=meta["Name"] or wheel.name,
+        version=meta["Version"] or "?",
+        entry_points=text,
+        requires=meta.get_all("Requires-Dist") or [],
+        paths=[str(unpacked)],
+        where=f"wheel {wheel.name}",
+    )
 
 
 def _parse_entry_points(text: str) -> tuple[list[_Entry], list[Check]]:
@@ -298,8 +331,9 @@ def _parse_entry_points(text: str) -> tuple[list[_Entry], list[Check]]:
                 group = None
             else:
                 if group.startswith("olmx.") and group not in KNOWN_GROUPS:
-                    checks.append(Check("entry points", f"[{group}]", f"unknown olmx group; olmx reads "
-                                        f"{', '.join(KNOWN_GROUPS)}"))
+                    checks.append(
+                        Check("entry points", f"[{group}]", f"unknown olmx group; olmx reads {', '.join(KNOWN_GROUPS)}")
+                    )
             continue
         if group is None:
             checks.append(Check("entry points", f"line {n}", f"{line!r} is not under a valid [group] header"))
@@ -321,22 +355,38 @@ def _parse_entry_points(text: str) -> tuple[list[_Entry], list[Check]]:
             continue
         if not ep.name.isidentifier() or keyword.iskeyword(ep.name):
             fix = re.sub(r"\W", "_", ep.name)
-            checks.append(Check("entry points", subject, f"'{ep.name}' is the Hydra option name and config key: "
-                                f"it must be a Python identifier (e.g. {fix})"))
+            checks.append(
+                Check(
+                    "entry points",
+                    subject,
+                    f"'{ep.name}' is the Hydra option name and config key: it must be a Python identifier (e.g. {fix})",
+                )
+            )
             continue
         if group == CONF_GROUP and ep.attr:
-            checks.append(Check("entry points", subject, f"'{ep.to_line()}': an olmx.conf value names a package "
-                                "holding YAML (module only, no ':object')"))
+            checks.append(
+                Check(
+                    "entry points",
+                    subject,
+                    f"'{ep.to_line()}': an olmx.conf value names a package holding YAML (module only, no ':object')",
+                )
+            )
             continue
         if group != CONF_GROUP and not ep.attr:
-            checks.append(Check("entry points", subject, f"'{ep.to_line()}' names a module; it must name the "
-                                "plugin object (module:OBJECT)"))
+            checks.append(
+                Check(
+                    "entry points",
+                    subject,
+                    f"'{ep.to_line()}' names a module; it must name the plugin object (module:OBJECT)",
+                )
+            )
             continue
         entries.append(_Entry(group, ep.name, ep.module, ep.attr, ep.to_line()))
         checks.append(Check("entry points", subject, detail=ep.to_line()))
     if not entries and not any(c.problem for c in checks):
-        checks.append(Check("entry points", "",
-                            f"declares no entry point in an olmx group ({', '.join(KNOWN_GROUPS)})"))
+        checks.append(
+            Check("entry points", "", f"declares no entry point in an olmx group ({', '.join(KNOWN_GROUPS)})")
+        )
     return entries, checks
 
 
@@ -356,8 +406,11 @@ def _check_requirement(package: _Package) -> list[Check]:
         if req.specifier and not req.specifier.contains(__version__, prereleases=True):
             return [Check("olmx requirement", str(req), f"excludes this olmx {__version__}")]
         return [Check("olmx requirement", str(req), detail=f"olmx {__version__} satisfies it")]
-    return [Check("olmx requirement", package.dist, "does not depend on olmx (add e.g. \"olmx>=0.1\" to "
-                  "[project] dependencies)")]
+    return [
+        Check(
+            "olmx requirement", package.dist, 'does not depend on olmx (add e.g. "olmx>=0.1" to [project] dependencies)'
+        )
+    ]
 
 
 def _check_names(package: _Package, entries: list[_Entry], installed: Registry) -> list[Check]:
@@ -374,8 +427,13 @@ def _check_names(package: _Package, entries: list[_Entry], installed: Registry) 
         if others:
             o = others[0]
             who = "first party, it wins" if o.first_party else "installed first, it wins"
-            checks.append(Check("name", f"{e.group}:{e.name}", f"clashes with the {kind} plugin '{e.name}' of "
-                                f"{o.dist} {o.version} ({who})"))
+            checks.append(
+                Check(
+                    "name",
+                    f"{e.group}:{e.name}",
+                    f"clashes with the {kind} plugin '{e.name}' of {o.dist} {o.version} ({who})",
+                )
+            )
         else:
             checks.append(Check("name", f"{e.group}:{e.name}", detail="no installed plugin has it"))
     return checks
@@ -388,12 +446,26 @@ def _probe(package: _Package, entries: list[_Entry], tmp: Path) -> tuple[list[Ch
         return [], {}
     request = tmp / "probe-request.json"
     result = tmp / "probe-result.json"
-    request.write_text(json.dumps({"paths": package.paths, "dist": package.dist, "version": package.version,
-                                   "entries": [e.__dict__ for e in entries]}))
+    request.write_text(
+        json.dumps(
+            {
+                "paths": package.paths,
+                "dist": package.dist,
+                "version": package.version,
+                "entries": [e.__dict__ for e in entries],
+            }
+        )
+    )
     try:
-        proc = subprocess.run([sys.executable, "-m", "olmx.plugin_tools", str(request), str(result)],
-                              cwd=tmp, capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False,
-                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})  # write nothing into the tree
+        proc = subprocess.run(
+            [sys.executable, "-m", "olmx.plugin_tools", str(request), str(result)],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            check=False,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )  # write nothing into the tree
     except subprocess.TimeoutExpired:
         return [Check("import", package.dist, f"importing the plugins took over {PROBE_TIMEOUT} s")], {}
     found = json.loads(result.read_text()) if result.is_file() else {"rows": [], "conf": {}}
@@ -420,13 +492,23 @@ def _check_conf_options(package: _Package, conf: dict[str, list[str]], installed
                 continue
             group, option = parts[0], parts[1].removesuffix(".yaml")
             if (conf_dir() / group / f"{option}.yaml").is_file():
-                checks.append(Check("conf", f"{subject} {f}", f"olmx's own conf/{group}/{option}.yaml takes "
-                                    "precedence: this file would never be used"))
+                checks.append(
+                    Check(
+                        "conf",
+                        f"{subject} {f}",
+                        f"olmx's own conf/{group}/{option}.yaml takes precedence: this file would never be used",
+                    )
+                )
                 continue
             other = installed.entry(kinds[group], option) if group in kinds else None
             if other is not None and canonicalize_name(other.dist) != own:
-                checks.append(Check("conf", f"{subject} {f}", f"would replace the option '{option}' of the "
-                                    f"{kinds[group]} plugin from {other.dist}"))
+                checks.append(
+                    Check(
+                        "conf",
+                        f"{subject} {f}",
+                        f"would replace the option '{option}' of the {kinds[group]} plugin from {other.dist}",
+                    )
+                )
     return checks
 
 
@@ -484,8 +566,12 @@ def _probe_main(request_path: str, result_path: str) -> None:
         heavy = [m for m in HEAVY_MODULES if m in sys.modules and m not in loaded_heavy]
         loaded_heavy.update(heavy)
         if heavy:
-            add("import", subject, f"importing {e['module']} imports {' and '.join(heavy)}; olmx loads every "
-                "plugin to compose a run, so import them inside the methods that need them")
+            add(
+                "import",
+                subject,
+                f"importing {e['module']} imports {' and '.join(heavy)}; olmx loads every "
+                "plugin to compose a run, so import them inside the methods that need them",
+            )
         else:
             add("import", subject, detail=f"{e['module']} from {where}")
         kind = _KIND_BY_GROUP[e["group"]]
@@ -514,14 +600,16 @@ def _print(console: Any, package: _Package, checks: list[Check], problems: list[
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"olmx plugins check: {package.dist} {package.version} ({package.where})",
-                  title_justify="left")
+    table = Table(title=f"olmx plugins check: {package.dist} {package.version} ({package.where})", title_justify="left")
     for col in ("check", "entry", "result"):
         table.add_column(col)
     order = {c.subject: i for i, c in reversed(list(enumerate(checks)))}  # group rows by entry
     for c in sorted(checks, key=lambda c: order[c.subject]):
-        result = Text.assemble(("FAIL", "bold red"), f" {c.problem}") if c.problem else \
-            Text.assemble(("ok", "green"), f" {c.detail}" if c.detail else "")
+        result = (
+            Text.assemble(("FAIL", "bold red"), f" {c.problem}")
+            if c.problem
+            else Text.assemble(("ok", "green"), f" {c.detail}" if c.detail else "")
+        )
         table.add_row(c.what, c.subject, result)
     console.print(table)
     if problems:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from olmx import PLUGIN_API
-from olmx.errors import PluginError
 from olmx.api import BASES, GROUPS, REQUIRED_HOOKS
+from olmx.errors import PluginError
 
 FIRST_PARTY_DIST = "olmx"
 
@@ -201,9 +201,7 @@ class Registry:
             return self._loaded[key]
         entry = self.entry(kind, name)
         if entry is None:
-            raise PluginError(
-                f"unknown {kind} plugin '{name}'; installed: {', '.join(self.names(kind)) or 'none'}"
-            )
+            raise PluginError(f"unknown {kind} plugin '{name}'; installed: {', '.join(self.names(kind)) or 'none'}")
         self._load(entry)
         if entry.status != "ok":
             raise PluginError(f"{kind} plugin '{name}' ({entry.dist}) is {entry.status}: {entry.reason}")

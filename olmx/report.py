@@ -35,9 +35,18 @@ REPORT_DIR = "report"
 PLOTS = ("loss", "lr", "throughput", "memory")
 #: Dense BF16 tensor-core peak FLOP/s by device-name fragment (first match wins; vendor specs).
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("GB200", 2.5e15), ("B300", 2.25e15), ("B200", 2.25e15),
-    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200", 989e12), ("H100", 989e12), ("GH200", 989e12),
-    ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("L4", 121e12),
+    ("GB200", 2.5e15),
+    ("B300", 2.25e15),
+    ("B200", 2.25e15),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("GH200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("A10G", 70e12),
+    ("L4", 121e12),
 )
 
 
@@ -81,7 +90,7 @@ def load_run(run_dir: str | Path) -> RunData:
     events = read_events(path)
     fresh = [i for i, e in enumerate(events) if e["event"] == "fresh"]
     if fresh:
-        events = events[fresh[-1] + 1:]
+        events = events[fresh[-1] + 1 :]
     return RunData(path=path, plan=plan, records=records, summary=summary, events=events, label=path.name)
 
 
@@ -101,9 +110,9 @@ def peak_flops(device_name: str, compute_dtype: str) -> float | None:
     return None
 
 
-def _median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def _launches(run: RunData) -> list[dict[str, Any]]:
@@ -163,12 +172,15 @@ def _restarts(run: RunData) -> list[str]:
             frm = start.get("resumed_from") or 0
             if attempt > 0:
                 failure = launch["failures"].get(attempt - 1)
-                out.append(f"torchrun restart from step {frm} after "
-                           f"{_failure(failure) if failure else 'a failure torchrun did not report'}")
+                out.append(
+                    f"torchrun restart from step {frm} after "
+                    f"{_failure(failure) if failure else 'a failure torchrun did not report'}"
+                )
             elif previous is not None:
                 state, detail = _ending(previous)
-                out.append(f"relaunch from step {frm} after the previous launch {state}"
-                           f"{f' ({detail})' if detail else ''}")
+                out.append(
+                    f"relaunch from step {frm} after the previous launch {state}{f' ({detail})' if detail else ''}"
+                )
         previous = launch
     return out
 
@@ -192,32 +204,46 @@ def summarize(run: RunData) -> dict[str, str]:
         tps = fmt(_median([r.get("tokens_per_s_per_process") for r in records]), ",.0f")
     flops = _median([r.get("flops_per_s_per_device") for r in records])
     peak = peak_flops(world.get("device_name", ""), (plan.get("dtypes") or {}).get("param", "float32"))
-    mfu = f"{100 * flops / peak:.3g}%" if flops and peak else f"- (peak of '{world.get('device_name')}' " \
-        f"with {precision} unknown)"
-    memory = ", ".join(fmt(p.get("peak_mem_mib"), ",.0f") for p in procs) if procs else \
-        fmt(max((r["peak_mem_mib"] for r in records if r.get("peak_mem_mib") is not None), default=None), ",.0f")
+    mfu = (
+        f"{100 * flops / peak:.3g}%"
+        if flops and peak
+        else f"- (peak of '{world.get('device_name')}' with {precision} unknown)"
+    )
+    memory = (
+        ", ".join(fmt(p.get("peak_mem_mib"), ",.0f") for p in procs)
+        if procs
+        else fmt(max((r["peak_mem_mib"] for r in records if r.get("peak_mem_mib") is not None), default=None), ",.0f")
+    )
     nonfinite = [e["step"] for e in run.events if e["event"] == "nonfinite"]
-    problems = [f"step {e.get('step')} corrupt ({e.get('problem')})" for e in run.events
-                if e["event"] == "checkpoint_corrupt"]
+    problems = [
+        f"step {e.get('step')} corrupt ({e.get('problem')})" for e in run.events if e["event"] == "checkpoint_corrupt"
+    ]
     problems += [f"{Path(e['path']).name} partial, removed" for e in run.events if e["event"] == "checkpoint_partial"]
     restarts = _restarts(run)
-    best = min(losses, key=lambda sl: sl[1]) if losses else None
+    best = min(losses, key=lambda sl: sl[1]) if losses else (0, float("nan"))
     return {
         "status": _status(run),
         "config digest": f"{config_digest(plan)}  (d_model {model['d_model']}, {model['n_layers']} layers, "
-                         f"{plan['params']['total']:,} params, seq {batch['seq_len']}, lr {t['lr']}, "
-                         f"{precision}, parallel {parallel})",
+        f"{plan['params']['total']:,} params, seq {batch['seq_len']}, lr {t['lr']}, "
+        f"{precision}, parallel {parallel})",
         "world": f"{world['nnodes']} x {world['nproc_per_node']} {world.get('device_name', '')}",
         "steps": f"{last_step} / {t['max_steps']}",
         "tokens": f"{last_step * tokens_per_step:,}",
-        "loss first / last / best": (f"{fmt(losses[0][1], '.4f')} / {fmt(losses[-1][1], '.4f')} / "
-                                     f"{best[1]:.4f} (step {best[0]})") if losses else "-",
+        "loss first / last / best": (
+            f"{fmt(losses[0][1], '.4f')} / {fmt(losses[-1][1], '.4f')} / {best[1]:.4f} (step {best[0]})"
+        )
+        if losses
+        else "-",
         "tokens/s per device": tps,
         "MFU": mfu,
         "peak memory (MiB)": memory,
         "restarts": f"{len(restarts)}" + "".join(f"\n- {r}" for r in restarts),
-        "non-finite steps": f"{len(nonfinite)}" + (f" (steps {', '.join(map(str, nonfinite))}, "
-                                                   f"on_nonfinite={t.get('on_nonfinite', 'stop')})" if nonfinite else ""),
+        "non-finite steps": f"{len(nonfinite)}"
+        + (
+            f" (steps {', '.join(map(str, nonfinite))}, on_nonfinite={t.get('on_nonfinite', 'stop')})"
+            if nonfinite
+            else ""
+        ),
         "checkpoint problems": "; ".join(problems) or "none",
     }
 
@@ -247,7 +273,7 @@ def plot(runs: list[RunData], out_dir: Path) -> list[Path]:
             points = [(r["step"], get(r)) for r in run.records if get(r) is not None]
             color = f"C{i}"
             if points:
-                xs, ys = zip(*points)
+                xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, color=color, label=run.label, marker="." if len(points) < 60 else None)
                 if _status(run).startswith("failed"):  # where it died
                     ax.plot(xs[-1], ys[-1], "x", color="red", markersize=12, markeredgewidth=2)

@@ -41,8 +41,10 @@ def main() -> None:
 
     for preset in PRESETS:
         data = fields(preset)
-        text = (f"# OLMo 3 {preset}: generated from OLMo-core 3.0.0's TransformerConfig.olmo3_{preset} by\n"
-                "# scripts/gen_model_presets.py (tests/build/test_model.py checks they agree).\n")
+        text = (
+            f"# OLMo 3 {preset}: generated from OLMo-core 3.0.0's TransformerConfig.olmo3_{preset} by\n"
+            "# scripts/gen_model_presets.py (tests/build/test_model.py checks they agree).\n"
+        )
         (OUT / f"{data['name']}.yaml").write_text(text + yaml.safe_dump(data, sort_keys=False))
         print("wrote", data["name"])
 

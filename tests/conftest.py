@@ -29,8 +29,15 @@ def _fresh_state(monkeypatch):
     GlobalHydra.instance().clear()
 
 
-def make_dist(site: Path, dist: str, entry_points: str, modules: dict[str, str], *,
-              version: str = "0.1.0", requires: list[str] | None = None) -> None:
+def make_dist(
+    site: Path,
+    dist: str,
+    entry_points: str,
+    modules: dict[str, str],
+    *,
+    version: str = "0.1.0",
+    requires: list[str] | None = None,
+) -> None:
     """A fake installed distribution: ``<dist>.dist-info`` with a real ``entry_points.txt``
     (written with entry-points-txt) plus its modules, in ``site`` (put it on sys.path)."""
     import entry_points_txt as ept
@@ -62,8 +69,12 @@ def plugin_site(tmp_path, monkeypatch):
             del sys.modules[name]
 
 
-def olmx_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600,
-             ) -> subprocess.CompletedProcess:
+def olmx_cli(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
     """Run the real ``olmx`` command in a subprocess."""
     full_env = {**os.environ, "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1", "COLUMNS": "200", **(env or {})}
     return subprocess.run([*OLMX, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

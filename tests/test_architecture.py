@@ -52,7 +52,9 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         out |= {t for t in targets if t in known and t != name}
     return out
@@ -101,16 +103,21 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def first_party_entry_points() -> dict[str, str]:
     """First-party plugin name -> the module its entry point names."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return {name: value.split(":")[0] for group, entries in project["entry-points"].items()
-            if group.startswith("olmx.") for name, value in entries.items()}
+    return {
+        name: value.split(":")[0]
+        for group, entries in project["entry-points"].items()
+        if group.startswith("olmx.")
+        for name, value in entries.items()
+    }
 
 
 def unit_of(module: str, plugin_modules: set[str]) -> str | None:
     """The plugin a module belongs to (None: a shared helper or the core)."""
     for target in plugin_modules:
         package = target.rpartition(".")[0]
-        is_package_plugin = (REPO / "plugins" / Path(*package.split(".")[1:]) / "__init__.py").is_file() \
-            and package.count(".") >= 2
+        is_package_plugin = (
+            REPO / "plugins" / Path(*package.split(".")[1:]) / "__init__.py"
+        ).is_file() and package.count(".") >= 2
         unit = package if is_package_plugin else target
         if module == unit or module.startswith(unit + "."):
             return unit
@@ -147,8 +154,12 @@ def test_the_core_imports_and_names_no_first_party_plugin():
             continue
         bad += [f"{module} imports {t}" for t in imports(module, path, set(modules())) if t.startswith("olmx_plugins")]
         tree = ast.parse(path.read_text())
-        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
-        bad += [f"{module}:{n.lineno} names the plugin '{n.value}'" for n in ast.walk(tree)
-                if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names
-                and id(n) not in docstrings]
+        docstrings = {
+            id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+        }
+        bad += [
+            f"{module}:{n.lineno} names the plugin '{n.value}'"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names and id(n) not in docstrings
+        ]
     assert bad == []

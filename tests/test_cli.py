@@ -11,9 +11,11 @@ from tests.conftest import olmx_cli
 
 def modules_after(*argv: str) -> set[str]:
     """Modules imported by running the CLI in-process with ``argv`` (in a fresh interpreter)."""
-    code = ("import sys\nfrom olmx.cli import app\n"
-            f"try:\n    app({list(argv)!r}, prog_name='olmx')\nexcept SystemExit:\n    pass\n"
-            "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)")
+    code = (
+        "import sys\nfrom olmx.cli import app\n"
+        f"try:\n    app({list(argv)!r}, prog_name='olmx')\nexcept SystemExit:\n    pass\n"
+        "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     return set(proc.stderr.split())
 
@@ -76,8 +78,12 @@ def test_dry_run_prints_config_plan_and_launch_and_writes_nothing(tmp_path):
 def test_broken_plugin_never_breaks_the_cli(plugin_site):
     from tests.conftest import make_dist
 
-    make_dist(plugin_site, "olmx-crash", "[olmx.infra]\ncrash = crash_mod:X\n",
-              {"crash_mod": "raise SystemExit('plugin calls exit at import')\n"})
+    make_dist(
+        plugin_site,
+        "olmx-crash",
+        "[olmx.infra]\ncrash = crash_mod:X\n",
+        {"crash_mod": "raise SystemExit('plugin calls exit at import')\n"},
+    )
     rows = json.loads(olmx_cli("plugins", "list", "--check", "--json").stdout)
     crash = next(r for r in rows if r["name"] == "crash")
     assert crash["status"] == "broken" and "plugin calls exit at import" in crash["reason"]

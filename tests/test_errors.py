@@ -21,7 +21,11 @@ CATALOGUE = [
     (["trainer.max_steps=0"], "trainer.max_steps", "positive"),
     (["trainer.lr=-1"], "trainer.lr", "positive"),
     (["trainer.lr=1e-3,3e-4"], "trainer.lr", "sweep"),
-    (["trainer.global_batch_size=15"], "trainer.global_batch_size", "multiple of trainer.micro_batch_size (8) x data-parallel ranks (2) = 16"),
+    (
+        ["trainer.global_batch_size=15"],
+        "trainer.global_batch_size",
+        "multiple of trainer.micro_batch_size (8) x data-parallel ranks (2) = 16",
+    ),
     (["trainer.micro_batch_size=0"], "trainer.micro_batch_size", "positive"),
     (["trainer.schedule=step"], "trainer.schedule", "cosine, linear, constant"),
     (["trainer.betas=[0.9]"], "trainer.betas", "two numbers"),
@@ -40,7 +44,11 @@ CATALOGUE = [
     (["model.attn_backend=xformers"], "model.attn_backend", "auto, torch"),
     (["parallel=[]"], "parallel", "2 processes need a data-parallel strategy"),
     (["parallel=[ddp,fsdp]"], "parallel", "choose one data-parallel strategy"),
-    (["parallel=[fsdp]", "parallel.fsdp.wrapping_strategy=weird"], "parallel.fsdp.wrapping_strategy", "full, blocks, fine_grained"),
+    (
+        ["parallel=[fsdp]", "parallel.fsdp.wrapping_strategy=weird"],
+        "parallel.fsdp.wrapping_strategy",
+        "full, blocks, fine_grained",
+    ),
     (["+parallel.ddp.bucket_mb=3"], "parallel.ddp.bucket_mb", "unknown key"),
     (["precision=bf16", "precision.bf16.param_dtype=fp8"], "precision.bf16.param_dtype", "bfloat16, float32"),
     (["infra.nproc_per_node=0"], "infra.nproc_per_node", "at least 1"),
@@ -70,8 +78,12 @@ def test_catalogue_is_large_enough():
 def test_broken_selected_plugin_is_reported_by_name(tmp_path, monkeypatch, plugin_site):
     from tests.conftest import make_dist
 
-    make_dist(plugin_site, "olmx-broken", "[olmx.layers]\nbroken = broken_mod:PLUGIN\n",
-              {"broken_mod": "import not_installed_dependency\n"})
+    make_dist(
+        plugin_site,
+        "olmx-broken",
+        "[olmx.layers]\nbroken = broken_mod:PLUGIN\n",
+        {"broken_mod": "import not_installed_dependency\n"},
+    )
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["train", "--dry-run", "layers=[broken]"])
     assert result.exit_code == 2

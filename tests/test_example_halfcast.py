@@ -34,16 +34,30 @@ def env(tmp_path_factory):
 
 def test_its_own_tests_pass_against_the_installed_copy(env, tmp_path):
     shutil.copytree(EXAMPLE / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=tmp_path,
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 passed" in proc.stdout, proc.stdout
 
 
 def plan_of(env, tmp_path, *overrides: str) -> dict:
     """The plan ``olmx train --dry-run`` prints for the overrides (rows by label)."""
-    proc = olmx_cli("train", *SMALL, "precision=halfcast", f"trainer.run_dir={tmp_path}", *overrides, "--dry-run",
-                    env={**env, "COLUMNS": "250"})
+    proc = olmx_cli(
+        "train",
+        *SMALL,
+        "precision=halfcast",
+        f"trainer.run_dir={tmp_path}",
+        *overrides,
+        "--dry-run",
+        env={**env, "COLUMNS": "250"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -53,15 +67,36 @@ def test_it_composes_with_layers_and_strategies_through_capabilities(env, tmp_pa
     assert "compute bfloat16, gradient reduction bfloat16" in fsdp  # parameters sharded: reduce in half
     assert "half of float32's (bfloat16 reduce-scatter)" in fsdp
     assert "layers.moe" in fsdp and "layers.engram" in fsdp
-    hsdp_ep = plan_of(env, tmp_path, "parallel=[hsdp]", "parallel.hsdp.expert_parallel=true", "layers=[moe]",
-                      "layers.moe.num_experts=4")
+    hsdp_ep = plan_of(
+        env,
+        tmp_path,
+        "parallel=[hsdp]",
+        "parallel.hsdp.expert_parallel=true",
+        "layers=[moe]",
+        "layers.moe.num_experts=4",
+    )
     assert "ep=2" in hsdp_ep and "compute bfloat16, gradient reduction bfloat16" in hsdp_ep
-    ddp_uly = plan_of(env, tmp_path, "infra.nproc_per_node=4", "parallel=[ddp,ulysses]", "layers=[engram]",
-                      "layers.engram.layer_ids=[1]")
+    ddp_uly = plan_of(
+        env,
+        tmp_path,
+        "infra.nproc_per_node=4",
+        "parallel=[ddp,ulysses]",
+        "layers=[engram]",
+        "layers.engram.layer_ids=[1]",
+    )
     assert "compute bfloat16, gradient reduction float32" in ddp_uly  # replicated: the reduction stays float32
     assert "2-byte activations" in ddp_uly  # Ulysses reads the dtypes it chose
-    refused = olmx_cli("train", *SMALL, "precision=halfcast", "precision.halfcast.require_sharding=true",
-                       "parallel=[ddp_ep]", "layers=[moe]", f"trainer.run_dir={tmp_path / 'no'}", "--dry-run", env=env)
+    refused = olmx_cli(
+        "train",
+        *SMALL,
+        "precision=halfcast",
+        "precision.halfcast.require_sharding=true",
+        "parallel=[ddp_ep]",
+        "layers=[moe]",
+        f"trainer.run_dir={tmp_path / 'no'}",
+        "--dry-run",
+        env=env,
+    )
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.startswith("error: precision.halfcast.require_sharding: the 2 data-parallel ranks")
     assert not (tmp_path / "no").exists()

@@ -34,7 +34,10 @@ def test_it_is_listed_and_passes_plugins_check(env):
     assert proc.returncode == 0, proc.stderr
     row = next(r for r in json.loads(proc.stdout) if r["name"] == "layerscale")
     assert (row["distribution"], row["status"], row["target"]) == (
-        "olmx-layerscale", "ok", "olmx_layerscale.plugin:LAYERSCALE")
+        "olmx-layerscale",
+        "ok",
+        "olmx_layerscale.plugin:LAYERSCALE",
+    )
     assert row["description"].startswith("LayerScale: learnable per-channel scales")
     for target in ("olmx-layerscale", str(EXAMPLE)):  # the installed distribution, the source tree
         proc = olmx_cli("plugins", "check", target, env=env)
@@ -47,9 +50,15 @@ def test_its_own_tests_pass_against_the_installed_copy(env, tmp_path):
     shutil.copytree(EXAMPLE / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     conftest = "import olmx_layerscale\nprint('testing', olmx_layerscale.__file__)\n"
     (tmp_path / "tests" / "conftest.py").write_text(conftest)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-rs", "tests"],
-                          cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-rs", "tests"],
+        cwd=tmp_path,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "15 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout
     assert f"testing {env['PYTHONPATH'].split(os.pathsep)[0]}/olmx_layerscale/__init__.py" in proc.stdout
@@ -62,8 +71,15 @@ def test_dry_run_plans_its_parameters_and_uses_its_presets(env, tmp_path):
     assert "layers.layerscale" in out
     assert "init: 1.0e-06" in out  # the package's conf/layers/layerscale_deep.yaml
     assert "256 = 2 blocks x 2 branches x d_model 64" in out
-    proc = olmx_cli("train", *SMALL, "layers=[layerscale]", "layers.layerscale.blocks=[5]",
-                    f"trainer.run_dir={tmp_path}", "--dry-run", env=env)
+    proc = olmx_cli(
+        "train",
+        *SMALL,
+        "layers=[layerscale]",
+        "layers.layerscale.blocks=[5]",
+        f"trainer.run_dir={tmp_path}",
+        "--dry-run",
+        env=env,
+    )
     assert proc.returncode == 2
     assert "layers.layerscale.blocks: [5] outside [0, model.n_layers=2)" in proc.stderr
 
@@ -104,5 +120,6 @@ def test_training_with_it_changes_the_model_and_trains_its_scales(env, tmp_path)
         assert saved[f"optim.param_groups.{name}.weight_decay"] == 0.0  # their own optimizer group
     assert checkpoint(tmp_path / "scaled", "w_q.weight.weight_decay") == {
         "optim.param_groups.blocks.0.attention.w_q.weight.weight_decay": 0.1,
-        "optim.param_groups.blocks.1.attention.w_q.weight.weight_decay": 0.1}
+        "optim.param_groups.blocks.1.attention.w_q.weight.weight_decay": 0.1,
+    }
     assert checkpoint(tmp_path / "base", ".scale") == {}

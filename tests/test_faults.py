@@ -56,7 +56,7 @@ def checkpoint_state(ckpt: Path) -> dict:
 
     d = str(ckpt / "model_and_optim")
     keys = sorted(get_checkpoint_metadata(d).state_dict_metadata)
-    return dict(zip(keys, load_keys(d, keys)))
+    return dict(zip(keys, load_keys(d, keys), strict=True))
 
 
 def assert_same_state(a: dict, b: dict) -> None:
@@ -85,8 +85,13 @@ def test_preempted_and_killed_run_resumes_to_the_uninterrupted_result(tmp_path, 
     run = tmp_path / "run"
     env = {**os.environ, "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1", **cache, "OLMX_FAULTS": "hold@5:0"}
     with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
-        p = subprocess.Popen([sys.executable, "-m", "olmx", "train", *SMALL, f"trainer.run_dir={run}", *steps],
-                             env=env, stdout=out, stderr=err, text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "olmx", "train", *SMALL, f"trainer.run_dir={run}", *steps],
+            env=env,
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
         deadline = time.monotonic() + 300
         while not (run / "metrics.jsonl").exists() or len(records(run)) < 4:
             assert p.poll() is None and time.monotonic() < deadline, "the run ended before step 4"
@@ -114,8 +119,9 @@ def test_preempted_and_killed_run_resumes_to_the_uninterrupted_result(tmp_path, 
     # 3. Same loss at every step and the same final model and optimizer state, bit for bit.
     assert losses(records(run)) == losses(records(ref))
     assert sorted(losses(records(run))) == list(range(1, 13))
-    assert_same_state(checkpoint_state(run / "checkpoints" / "step12"),
-                      checkpoint_state(ref / "checkpoints" / "step12"))
+    assert_same_state(
+        checkpoint_state(run / "checkpoints" / "step12"), checkpoint_state(ref / "checkpoints" / "step12")
+    )
 
 
 def test_save_killed_halfway_and_corrupt_checkpoint_fall_back_to_the_last_good_one(tmp_path, cache):
@@ -164,14 +170,16 @@ def test_nonfinite_loss_skip_and_stop(tmp_path, cache):
     assert events(stop, "end")[-1] == {**events(stop, "end")[-1], "reason": "nonfinite", "step": 3}
     # The stop checkpoint holds the last good state: the same as the skipping run's step 3
     # (the state after step 2), optimizer moments included.
-    assert_same_state(checkpoint_state(stop / "checkpoints" / "step3"),
-                      checkpoint_state(skip / "checkpoints" / "step3"))
+    assert_same_state(
+        checkpoint_state(stop / "checkpoints" / "step3"), checkpoint_state(skip / "checkpoints" / "step3")
+    )
 
 
 def _mount_tmpfs(path: Path, options: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+    )
 
 
 def test_unwritable_and_full_run_directories_fail_before_training(tmp_path, cache):
@@ -232,6 +240,7 @@ def test_outcome_of_a_launch_is_read_from_its_own_events(tmp_path, monkeypatch):
     append_event(tmp_path, "start", attempt=0, resumed_from=7)
     with open(tmp_path / "events.jsonl", "a") as f:
         f.write('{"event": "end", "reas')  # a torn last line (killed mid-write) is ignored
+
     def triple(o):
         return o.state, o.exit_code, o.step
 
@@ -261,5 +270,11 @@ def test_resume_prunes_checkpoints_of_earlier_attempts(tmp_path):
     assert [s for s, _ in complete] == [50, 40, 30, 20, 10]
     assert [p.name for p in partial] == ["step60", "step70-tmp"]
     _prune(complete[1:], SimpleNamespace(callbacks={"checkpointer": SimpleNamespace(max_checkpoints=3)}))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step20", "step30", "step40", "step50", "step60",
-                                                          "step70-tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step20",
+        "step30",
+        "step40",
+        "step50",
+        "step60",
+        "step70-tmp",
+    ]

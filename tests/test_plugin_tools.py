@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from olmx.errors import ConfigError
 from olmx.config.search_path import conf_search_paths, with_conf_search_paths
+from olmx.errors import ConfigError
 from olmx.plugin_tools import check_plugin, entry_point_toml, new_plugin, plugin_names
 from tests.conftest import make_dist, olmx_cli
 
@@ -26,10 +26,25 @@ def pip_install(*packages: Path, target: Path) -> None:
     """A real, offline, non-editable ``pip install`` of local packages into ``target`` (put it
     on PYTHONPATH). setuptools comes with torch, so ``--no-build-isolation`` needs no network."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), *map(str, packages)],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            *map(str, packages),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -44,7 +59,12 @@ def site_env(site: Path) -> dict[str, str]:
 def test_plugin_names_derive_every_name():
     n = plugin_names("my-thing")
     assert (n.name, n.dist, n.module, n.title, n.const) == (
-        "my_thing", "olmx-my-thing", "olmx_my_thing", "MyThing", "MY_THING")
+        "my_thing",
+        "olmx-my-thing",
+        "olmx_my_thing",
+        "MyThing",
+        "MY_THING",
+    )
     assert plugin_names("olmx-my_thing") == n
 
 
@@ -57,8 +77,10 @@ def test_bad_plugin_names_are_refused(bad):
 def test_entry_point_lines_are_written_and_validated_by_entry_points_txt():
     import entry_points_txt as ept
 
-    assert entry_point_toml("olmx.layers", "my_thing", "olmx_my_thing.plugin:MY_THING") == \
-        'my_thing = "olmx_my_thing.plugin:MY_THING"'
+    assert (
+        entry_point_toml("olmx.layers", "my_thing", "olmx_my_thing.plugin:MY_THING")
+        == 'my_thing = "olmx_my_thing.plugin:MY_THING"'
+    )
     assert entry_point_toml("olmx.conf", "my_thing", "olmx_my_thing.conf") == 'my_thing = "olmx_my_thing.conf"'
     with pytest.raises(ept.ParseError):
         entry_point_toml("olmx.layers", "x", "not-a-module:X")
@@ -99,29 +121,57 @@ def test_skeleton_is_a_complete_package(skeletons, kind):
 
     path = skeletons[0][kind]
     module = f"olmx_my_{kind}"
-    files = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()
-             and "build" not in p.parts and ".egg-info" not in str(p)}
-    assert files == {"pyproject.toml", "README.md", f"{module}/__init__.py", f"{module}/plugin.py",
-                     f"{module}/py.typed", f"{module}/conf/__init__.py",
-                     f"{module}/conf/{CONFIG_GROUPS[kind]}/my_{kind}.yaml", f"tests/test_{module}.py"}
+    files = {
+        str(p.relative_to(path))
+        for p in path.rglob("*")
+        if p.is_file() and "build" not in p.parts and ".egg-info" not in str(p)
+    }
+    assert files == {
+        "pyproject.toml",
+        "README.md",
+        f"{module}/__init__.py",
+        f"{module}/plugin.py",
+        f"{module}/py.typed",
+        f"{module}/conf/__init__.py",
+        f"{module}/conf/{CONFIG_GROUPS[kind]}/my_{kind}.yaml",
+        f"tests/test_{module}.py",
+    }
     project = tomllib.loads((path / "pyproject.toml").read_text())["project"]
     assert project["name"] == f"olmx-my-{kind}"
     assert project["dependencies"] == ["olmx>=0.1"]
-    assert project["entry-points"] == {GROUPS[kind]: {f"my_{kind}": f"{module}.plugin:MY_{kind.upper()}"},
-                                       "olmx.conf": {f"my_{kind}": f"{module}.conf"}}
+    assert project["entry-points"] == {
+        GROUPS[kind]: {f"my_{kind}": f"{module}.plugin:MY_{kind.upper()}"},
+        "olmx.conf": {f"my_{kind}": f"{module}.conf"},
+    }
     assert 'api = ">=2.0,<3"' in (path / module / "plugin.py").read_text()
 
 
 def test_skeletons_pass_their_own_tests_once_installed(skeletons):
     dirs, env = skeletons
     # One pytest run over the four packages' tests (each file is named after its package).
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rs",
-                           *(str(d / "tests") for d in dirs.values())], cwd=dirs["layer"].parent,
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+            *(str(d / "tests") for d in dirs.values()),
+        ],
+        cwd=dirs["layer"].parent,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for kind in KINDS:
-        passed = [line for line in proc.stdout.splitlines()
-                  if f"test_olmx_my_{kind}.py::" in line and " PASSED" in line]
+        passed = [
+            line for line in proc.stdout.splitlines() if f"test_olmx_my_{kind}.py::" in line and " PASSED" in line
+        ]
         assert len(passed) == (5 if kind == "infra" else 4), proc.stdout
     assert "17 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout
 
@@ -145,8 +195,16 @@ def test_installed_skeletons_are_listed_and_load(skeletons):
 
 def test_installed_skeleton_is_used_by_train_dry_run(skeletons, tmp_path):
     _, env = skeletons
-    proc = olmx_cli("train", "layers=[my_layer]", "layers.my_layer.blocks=[1,3]", "precision=my_precision",
-                    "infra=my_infra", f"trainer.run_dir={tmp_path}", "--dry-run", env=env)
+    proc = olmx_cli(
+        "train",
+        "layers=[my_layer]",
+        "layers.my_layer.blocks=[1,3]",
+        "precision=my_precision",
+        "infra=my_infra",
+        f"trainer.run_dir={tmp_path}",
+        "--dry-run",
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "layers.my_layer" in out and "precision.my_precision" in out
@@ -187,14 +245,21 @@ LAYER = """
 ENTRY = '[project.entry-points."olmx.layers"]\nthing = "thing_mod:PLUGIN"\n'
 
 
-def write_package(root: Path, *, entry_points: str = ENTRY, module: str = LAYER,
-                  dependencies: str = '["olmx>=0.1"]', files: dict[str, str] | None = None,
-                  extra: str = "") -> Path:
+def write_package(
+    root: Path,
+    *,
+    entry_points: str = ENTRY,
+    module: str = LAYER,
+    dependencies: str = '["olmx>=0.1"]',
+    files: dict[str, str] | None = None,
+    extra: str = "",
+) -> Path:
     """A plugin source tree (pyproject.toml + ``thing_mod.py`` + ``files``) in ``root``."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "pyproject.toml").write_text(
         f'[project]\nname = "olmx-thing"\nversion = "0.1.0"\ndependencies = {dependencies}\n{extra}\n'
-        + textwrap.dedent(entry_points))
+        + textwrap.dedent(entry_points)
+    )
     (root / "thing_mod.py").write_text(textwrap.dedent(module))
     for rel, text in (files or {}).items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -206,64 +271,105 @@ CONF = '[project.entry-points."olmx.conf"]\nthing = "thing_conf"\n'
 CONF_INIT = {"thing_conf/__init__.py": ""}
 
 DEFECTS = {
-    "unknown group": (dict(entry_points=ENTRY.replace("olmx.layers", "olmx.layer")),
-                      "[olmx.layer]: unknown olmx group; olmx reads olmx.layers, olmx.parallel"),
-    "malformed line": (dict(entry_points=ENTRY.replace("thing_mod", "thing-mod")),
-                       "olmx.layers: thing = thing-mod:PLUGIN: malformed line: Invalid module name"),
-    "name not an identifier": (dict(entry_points=ENTRY.replace("thing =", '"my-thing" =')),
-                               ("olmx.layers:my-thing: 'my-thing' is the Hydra option name and config key: "
-                                "it must be a Python identifier (e.g. my_thing)")),
-    "module instead of object": (dict(entry_points=ENTRY.replace(":PLUGIN", "")),
-                                 "it must name the plugin object (module:OBJECT)"),
-    "missing dependency": (dict(module="import olmx_dependency_not_installed\n" + textwrap.dedent(LAYER)),
-                           "olmx.layers:thing: ModuleNotFoundError: No module named 'olmx_dependency_not_installed'"),
-    "exception at import": (dict(module="raise RuntimeError('boom at import')\n"),
-                            "olmx.layers:thing: RuntimeError: boom at import"),
+    "unknown group": (
+        dict(entry_points=ENTRY.replace("olmx.layers", "olmx.layer")),
+        "[olmx.layer]: unknown olmx group; olmx reads olmx.layers, olmx.parallel",
+    ),
+    "malformed line": (
+        dict(entry_points=ENTRY.replace("thing_mod", "thing-mod")),
+        "olmx.layers: thing = thing-mod:PLUGIN: malformed line: Invalid module name",
+    ),
+    "name not an identifier": (
+        dict(entry_points=ENTRY.replace("thing =", '"my-thing" =')),
+        (
+            "olmx.layers:my-thing: 'my-thing' is the Hydra option name and config key: "
+            "it must be a Python identifier (e.g. my_thing)"
+        ),
+    ),
+    "module instead of object": (
+        dict(entry_points=ENTRY.replace(":PLUGIN", "")),
+        "it must name the plugin object (module:OBJECT)",
+    ),
+    "missing dependency": (
+        dict(module="import olmx_dependency_not_installed\n" + textwrap.dedent(LAYER)),
+        "olmx.layers:thing: ModuleNotFoundError: No module named 'olmx_dependency_not_installed'",
+    ),
+    "exception at import": (
+        dict(module="raise RuntimeError('boom at import')\n"),
+        "olmx.layers:thing: RuntimeError: boom at import",
+    ),
     "exit at import": (dict(module="import sys\nsys.exit(3)\n"), "olmx.layers:thing: SystemExit: 3"),
     "process killed at import": (dict(module="import os\nos._exit(9)\n"), "olmx-thing: the import probe died"),
-    "torch imported at module level": (dict(module="import torch\n" + textwrap.dedent(LAYER),
-                                            files={"torch.py": '"""A stand-in torch."""\n'}),
-                                       "importing thing_mod imports torch; olmx loads every plugin"),
-    "missing object": (dict(entry_points=ENTRY.replace(":PLUGIN", ":PLUGGIN")),
-                       "AttributeError: module 'thing_mod' has no attribute 'PLUGGIN'"),
-    "not a plugin object": (dict(module="PLUGIN = 42\n"),
-                            "missing attribute 'name' of the layer plugin contract"),
-    "not a LayerPlugin": (dict(module=LAYER.replace("class Thing(LayerPlugin):", "class Thing:")),
-                          "not an instance of olmx.api.LayerPlugin (the layer plugin contract)"),
-    "hook with the wrong parameters": (dict(module=LAYER.replace("def apply_model(self, cfg, model, plan)",
-                                                                 "def apply_model(self, cfg, model)")),
-                                       "apply_model takes 2 argument(s), the contract passes 3"),
-    "name differs from entry point": (dict(module=LAYER.replace('name = "thing"', 'name = "other"')),
-                                      "object is named 'other' but registered as 'thing'"),
-    "config not a dataclass": (dict(module=LAYER.replace("Config = Cfg", "Config = dict")),
-                               "Config must be a dataclass"),
-    "incompatible plugin API": (dict(module=LAYER.replace('api = ">=2.0,<3"', 'api = ">=3.0"')),
-                                "olmx.layers:thing: plugin supports olmx plugin API '>=3.0', this olmx has 2.0"),
+    "torch imported at module level": (
+        dict(module="import torch\n" + textwrap.dedent(LAYER), files={"torch.py": '"""A stand-in torch."""\n'}),
+        "importing thing_mod imports torch; olmx loads every plugin",
+    ),
+    "missing object": (
+        dict(entry_points=ENTRY.replace(":PLUGIN", ":PLUGGIN")),
+        "AttributeError: module 'thing_mod' has no attribute 'PLUGGIN'",
+    ),
+    "not a plugin object": (dict(module="PLUGIN = 42\n"), "missing attribute 'name' of the layer plugin contract"),
+    "not a LayerPlugin": (
+        dict(module=LAYER.replace("class Thing(LayerPlugin):", "class Thing:")),
+        "not an instance of olmx.api.LayerPlugin (the layer plugin contract)",
+    ),
+    "hook with the wrong parameters": (
+        dict(module=LAYER.replace("def apply_model(self, cfg, model, plan)", "def apply_model(self, cfg, model)")),
+        "apply_model takes 2 argument(s), the contract passes 3",
+    ),
+    "name differs from entry point": (
+        dict(module=LAYER.replace('name = "thing"', 'name = "other"')),
+        "object is named 'other' but registered as 'thing'",
+    ),
+    "config not a dataclass": (
+        dict(module=LAYER.replace("Config = Cfg", "Config = dict")),
+        "Config must be a dataclass",
+    ),
+    "incompatible plugin API": (
+        dict(module=LAYER.replace('api = ">=2.0,<3"', 'api = ">=3.0"')),
+        "olmx.layers:thing: plugin supports olmx plugin API '>=3.0', this olmx has 2.0",
+    ),
     "clash with a first-party plugin": (
-        dict(entry_points=ENTRY.replace("olmx.layers", "olmx.parallel").replace("thing =", "ddp ="),
-             module=LAYER.replace('name = "thing"', 'name = "ddp"')),
-        "olmx.parallel:ddp: clashes with the parallel plugin 'ddp' of olmx 0.1.0 (first party, it wins)"),
+        dict(
+            entry_points=ENTRY.replace("olmx.layers", "olmx.parallel").replace("thing =", "ddp ="),
+            module=LAYER.replace('name = "thing"', 'name = "ddp"'),
+        ),
+        "olmx.parallel:ddp: clashes with the parallel plugin 'ddp' of olmx 0.1.0 (first party, it wins)",
+    ),
     "olmx version excluded": (dict(dependencies='["olmx<0.1"]'), "olmx<0.1: excludes this olmx 0.1.0"),
     "no dependency on olmx": (dict(dependencies="[]"), "olmx-thing: does not depend on olmx"),
-    "no olmx entry point": (dict(entry_points='[project.scripts]\nthing = "thing_mod:main"\n'),
-                            "declares no entry point in an olmx group"),
-    "dynamic entry points": (dict(extra='dynamic = ["entry-points"]', entry_points=""),
-                             "pyproject.toml: entry points are dynamic"),
-    "conf names an object": (dict(entry_points=ENTRY + CONF.replace('"thing_conf"', '"thing_conf:YAML"')),
-                             "an olmx.conf value names a package holding YAML (module only"),
-    "conf package missing": (dict(entry_points=ENTRY + CONF),
-                             "olmx.conf:thing: no package 'thing_conf': the olmx.conf value must be a package"),
-    "conf package without YAML": (dict(entry_points=ENTRY + CONF, files=CONF_INIT),
-                                  "package 'thing_conf' holds no YAML"),
-    "conf YAML invalid": (dict(entry_points=ENTRY + CONF,
-                               files={**CONF_INIT, "thing_conf/layers/thing.yaml": "thing: [unclosed\n"}),
-                          "layers/thing.yaml is not valid YAML"),
-    "conf YAML hidden by olmx's own": (dict(entry_points=ENTRY + CONF,
-                                            files={**CONF_INIT, "thing_conf/model/tiny.yaml": "d_model: 8\n"}),
-                                       "olmx's own conf/model/tiny.yaml takes precedence"),
+    "no olmx entry point": (
+        dict(entry_points='[project.scripts]\nthing = "thing_mod:main"\n'),
+        "declares no entry point in an olmx group",
+    ),
+    "dynamic entry points": (
+        dict(extra='dynamic = ["entry-points"]', entry_points=""),
+        "pyproject.toml: entry points are dynamic",
+    ),
+    "conf names an object": (
+        dict(entry_points=ENTRY + CONF.replace('"thing_conf"', '"thing_conf:YAML"')),
+        "an olmx.conf value names a package holding YAML (module only",
+    ),
+    "conf package missing": (
+        dict(entry_points=ENTRY + CONF),
+        "olmx.conf:thing: no package 'thing_conf': the olmx.conf value must be a package",
+    ),
+    "conf package without YAML": (
+        dict(entry_points=ENTRY + CONF, files=CONF_INIT),
+        "package 'thing_conf' holds no YAML",
+    ),
+    "conf YAML invalid": (
+        dict(entry_points=ENTRY + CONF, files={**CONF_INIT, "thing_conf/layers/thing.yaml": "thing: [unclosed\n"}),
+        "layers/thing.yaml is not valid YAML",
+    ),
+    "conf YAML hidden by olmx's own": (
+        dict(entry_points=ENTRY + CONF, files={**CONF_INIT, "thing_conf/model/tiny.yaml": "d_model: 8\n"}),
+        "olmx's own conf/model/tiny.yaml takes precedence",
+    ),
     "conf YAML replaces another plugin's option": (
         dict(entry_points=ENTRY + CONF, files={**CONF_INIT, "thing_conf/parallel/ddp.yaml": "ddp: {}\n"}),
-        "would replace the option 'ddp' of the parallel plugin from olmx"),
+        "would replace the option 'ddp' of the parallel plugin from olmx",
+    ),
 }
 
 
@@ -277,13 +383,17 @@ def test_check_catches(defect, tmp_path):
 def test_check_catches_a_clash_with_an_installed_third_party_plugin(tmp_path, plugin_site):
     make_dist(plugin_site, "olmx-other", "[olmx.layers]\nthing = other_mod:PLUGIN\n", {"other_mod": LAYER})
     problems = check_plugin(str(write_package(tmp_path / "pkg")))
-    assert problems == [("olmx.layers:thing: clashes with the layer plugin 'thing' of olmx-other 0.1.0 "
-                         "(installed first, it wins)")]
+    assert problems == [
+        ("olmx.layers:thing: clashes with the layer plugin 'thing' of olmx-other 0.1.0 (installed first, it wins)")
+    ]
 
 
 def test_check_reports_every_malformed_line_of_an_entry_points_file(tmp_path):
-    wheel = build_wheel(tmp_path, entry_points="[olmx.layers]\nthing = thing_mod:PLUGIN\nthing = thing_mod:PLUGIN\n"
-                        "bad = bad mod:X\n[olmx-layers]\nx = y:z\n[olmx.layers\n")
+    wheel = build_wheel(
+        tmp_path,
+        entry_points="[olmx.layers]\nthing = thing_mod:PLUGIN\nthing = thing_mod:PLUGIN\n"
+        "bad = bad mod:X\n[olmx-layers]\nx = y:z\n[olmx.layers\n",
+    )
     problems = check_plugin(str(wheel))
     assert problems == [
         "olmx.layers:thing: declared twice (the last one would silently win)",
@@ -294,14 +404,17 @@ def test_check_reports_every_malformed_line_of_an_entry_points_file(tmp_path):
     ]
 
 
-def build_wheel(root: Path, *, entry_points: str = "[olmx.layers]\nthing = thing_mod:PLUGIN\n",
-                module: str = LAYER) -> Path:
+def build_wheel(
+    root: Path, *, entry_points: str = "[olmx.layers]\nthing = thing_mod:PLUGIN\n", module: str = LAYER
+) -> Path:
     """A pure-Python wheel of ``olmx-thing`` written by hand (a zip with a ``.dist-info``)."""
     wheel = root / "olmx_thing-0.1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("thing_mod.py", textwrap.dedent(module))
-        zf.writestr("olmx_thing-0.1.0.dist-info/METADATA",
-                    "Metadata-Version: 2.1\nName: olmx-thing\nVersion: 0.1.0\nRequires-Dist: olmx>=0.1\n")
+        zf.writestr(
+            "olmx_thing-0.1.0.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: olmx-thing\nVersion: 0.1.0\nRequires-Dist: olmx>=0.1\n",
+        )
         zf.writestr("olmx_thing-0.1.0.dist-info/entry_points.txt", entry_points)
         zf.writestr("olmx_thing-0.1.0.dist-info/RECORD", "")
     return wheel
@@ -315,8 +428,13 @@ def test_check_reads_a_wheel_without_installing_it(tmp_path):
 
 
 def test_check_reads_an_installed_distribution_by_name(plugin_site):
-    make_dist(plugin_site, "olmx-thing", "[olmx.layers]\nthing = thing_mod:PLUGIN\n", {"thing_mod": LAYER},
-              requires=["olmx>=0.1"])
+    make_dist(
+        plugin_site,
+        "olmx-thing",
+        "[olmx.layers]\nthing = thing_mod:PLUGIN\n",
+        {"thing_mod": LAYER},
+        requires=["olmx>=0.1"],
+    )
     assert check_plugin("olmx-thing") == []  # its own name is no clash
     with pytest.raises(ConfigError, match="TARGET: 'olmx-not-installed' is not a source tree"):
         check_plugin("olmx-not-installed")
@@ -338,8 +456,12 @@ def test_check_command_prints_a_table_and_sets_the_exit_code(tmp_path):
 
 def conf_dist(site: Path, *, init: str = "") -> None:
     """An installed layer plugin ``thing`` whose package ``thing_conf`` holds a preset."""
-    make_dist(site, "olmx-thing", "[olmx.layers]\nthing = thing_mod:PLUGIN\n[olmx.conf]\nthing = thing_conf\n"
-              "bad = thing_conf:NOT_A_PACKAGE\n", {"thing_mod": LAYER, "thing_conf.__init__": init})
+    make_dist(
+        site,
+        "olmx-thing",
+        "[olmx.layers]\nthing = thing_mod:PLUGIN\n[olmx.conf]\nthing = thing_conf\nbad = thing_conf:NOT_A_PACKAGE\n",
+        {"thing_mod": LAYER, "thing_conf.__init__": init},
+    )
     (site / "thing_conf" / "layers").mkdir(parents=True)
     (site / "thing_conf" / "layers" / "thing_wide.yaml").write_text("thing:\n  width: 9\n")
 
@@ -354,7 +476,9 @@ def test_conf_search_paths_locate_packages_without_importing_them(plugin_site, m
     monkeypatch.delenv("OLMX_PLUGINS")
     assert "thing_conf" not in sys.modules
     assert with_conf_search_paths(["model.d_model=8"]) == [
-        f"hydra.searchpath=['file://{plugin_site / 'thing_conf'}']", "model.d_model=8"]
+        f"hydra.searchpath=['file://{plugin_site / 'thing_conf'}']",
+        "model.d_model=8",
+    ]
     merged = with_conf_search_paths(["hydra.searchpath=[pkg://mine.conf]", "x=1"])
     assert merged == [f"hydra.searchpath=['pkg://mine.conf','file://{plugin_site / 'thing_conf'}']", "x=1"]
 

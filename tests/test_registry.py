@@ -36,8 +36,13 @@ GOOD = """
 def test_first_party_plugins_are_discovered_without_import():
     reg = Registry.discover()
     names = {(e.kind, e.name) for e in reg.entries()}
-    assert {("parallel", "ddp"), ("parallel", "fsdp"), ("precision", "fp32"), ("precision", "bf16"),
-            ("infra", "local")} <= names
+    assert {
+        ("parallel", "ddp"),
+        ("parallel", "fsdp"),
+        ("precision", "fp32"),
+        ("precision", "bf16"),
+        ("infra", "local"),
+    } <= names
     assert all(e.dist == "olmx" for e in reg.entries() if e.name in {"ddp", "fsdp", "fp32", "bf16", "local"})
     assert "olmx_plugins.parallel.fsdp" not in sys.modules or True  # imported by other tests maybe
     entry = reg.entry("parallel", "fsdp")
@@ -66,8 +71,11 @@ def test_listing_imports_no_plugin_module(plugin_site):
         (GOOD.replace('api = ">=2.0,<3"', 'api = ">=3.0"'), "incompatible", "supports olmx plugin API '>=3.0'"),
         (GOOD.replace('api = ">=2.0,<3"', 'api = ">=1.0,<2"'), "incompatible", "supports olmx plugin API '>=1.0,<2'"),
         (GOOD.replace("class Good(LayerPlugin):", "class Good:"), "broken", "not an instance of olmx.api.LayerPlugin"),
-        (GOOD.replace("def resolve(self, cfg, ctx)", "def resolve(self, cfg, run, world)"), "broken",
-         "resolve takes 3 argument(s), the contract passes 2"),
+        (
+            GOOD.replace("def resolve(self, cfg, ctx)", "def resolve(self, cfg, run, world)"),
+            "broken",
+            "resolve takes 3 argument(s), the contract passes 2",
+        ),
         (GOOD.replace('name = "good"', 'name = "other"'), "broken", "registered as 'good'"),
         (GOOD.replace("Config = Cfg", "Config = dict"), "broken", "Config must be a dataclass"),
     ],
@@ -140,15 +148,17 @@ def test_an_infra_plugin_whose_commands_fail_leaves_provision_working(plugin_sit
 
         PLUGIN = Broken()
     """
-    make_dist(plugin_site, "olmx-brokeninfra", "[olmx.infra]\nbrokeninfra = broken_infra:PLUGIN\n",
-              {"broken_infra": source})
+    make_dist(
+        plugin_site, "olmx-brokeninfra", "[olmx.infra]\nbrokeninfra = broken_infra:PLUGIN\n", {"broken_infra": source}
+    )
     from olmx.registry import reset
     from tests.conftest import olmx_cli
 
     reset()
     proc = olmx_cli("provision", "brokeninfra")
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        "error: infra plugin 'brokeninfra' failed to build its commands: RuntimeError: no typer app today")
+        "error: infra plugin 'brokeninfra' failed to build its commands: RuntimeError: no typer app today"
+    )
     assert "Traceback" not in proc.stderr
     listing = olmx_cli("provision", "--help")
     assert listing.returncode == 0 and "runpod" in listing.stdout and "brokeninfra" in listing.stdout

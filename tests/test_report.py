@@ -23,16 +23,29 @@ pytestmark = pytest.mark.dist
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     env = {"OLMX_CACHE_DIR": str(root / "cache")}
-    finished = olmx_cli("train", *SMALL, "trainer.report=true", f"trainer.run_dir={root / 'finished'}",
-                        "trainer.max_steps=6",
-                        "infra.nproc_per_node=1", "parallel=[]", env=env)
+    finished = olmx_cli(
+        "train",
+        *SMALL,
+        "trainer.report=true",
+        f"trainer.run_dir={root / 'finished'}",
+        "trainer.max_steps=6",
+        "infra.nproc_per_node=1",
+        "parallel=[]",
+        env=env,
+    )
     assert finished.returncode == 0, finished.stderr
     # olmx train writes the report when the run ends, and says where.
     assert f"report: {root / 'finished' / 'report'} (again any time: olmx report" in " ".join(finished.stdout.split())
     assert {p.name for p in (root / "finished" / "report").iterdir()} == {f"{n}.png" for n in PLOTS} | {"summary.txt"}
-    crashed = olmx_cli("train", *SMALL, "trainer.report=true", f"trainer.run_dir={root / 'crashed'}",
-                       "trainer.max_steps=6",
-                       "infra.max_restarts=0", env={**env, "OLMX_FAULTS": "kill@3:1"})
+    crashed = olmx_cli(
+        "train",
+        *SMALL,
+        "trainer.report=true",
+        f"trainer.run_dir={root / 'crashed'}",
+        "trainer.max_steps=6",
+        "infra.max_restarts=0",
+        env={**env, "OLMX_FAULTS": "kill@3:1"},
+    )
     for p in (root / "finished" / "report", root / "crashed" / "report"):
         shutil.rmtree(p)  # the tests below check what olmx report writes
     return root / "finished", root / "crashed", crashed
@@ -54,8 +67,18 @@ def test_report_of_a_finished_run(runs):
     proc = olmx_cli("report", str(finished))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for row in ("status", "config digest", "steps", "tokens", "loss first / last / best", "tokens/s per device",
-                "MFU", "peak memory (MiB)", "restarts", "non-finite steps"):
+    for row in (
+        "status",
+        "config digest",
+        "steps",
+        "tokens",
+        "loss first / last / best",
+        "tokens/s per device",
+        "MFU",
+        "peak memory (MiB)",
+        "restarts",
+        "non-finite steps",
+    ):
         assert row in out
     assert "finished" in out and "6 / 6" in out and f"{6 * 8 * 64:,}" in out
     for name in PLOTS:
@@ -70,8 +93,9 @@ def test_killed_rank_without_restarts_is_named_and_reported(runs):
     assert "node 0 local rank 1 (attempt 0): " in proc.stderr and "SIGKILL" in proc.stderr
     assert "no restarts left (infra.max_restarts=0)" in proc.stderr
     assert "attempt_0/1/stderr.log" in proc.stderr  # where the dead rank's log is
-    [failed] = [json.loads(line) for line in (crashed / "events.jsonl").read_text().splitlines()
-                if '"rank_failed"' in line]
+    [failed] = [
+        json.loads(line) for line in (crashed / "events.jsonl").read_text().splitlines() if '"rank_failed"' in line
+    ]
     assert failed["local_rank"] == 1 and failed["exitcode"] == -9
     report = olmx_cli("report", str(crashed))
     assert report.returncode == 0, report.stderr

@@ -16,8 +16,17 @@ pytestmark = pytest.mark.dist
 
 #: A small, fast run: 2-layer d_model 64 model, 8 x 64-token sequences per step.
 #: (No end-of-run report: its plots take ~2 s of CPU per run; tests/test_report.py checks it.)
-SMALL = ["trainer.report=false", "model.d_model=64", "model.n_layers=2", "model.hidden_size=256", "data.seq_len=64",
-         "trainer.global_batch_size=8", "trainer.micro_batch_size=4", "trainer.warmup_steps=2", "trainer.lr=3e-3"]
+SMALL = [
+    "trainer.report=false",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.hidden_size=256",
+    "data.seq_len=64",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=4",
+    "trainer.warmup_steps=2",
+    "trainer.lr=3e-3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +47,9 @@ def losses(records: list[dict]) -> list[float]:
 
 def test_one_and_two_processes_give_the_same_loss_curve(tmp_path, cache):
     steps = ["trainer.max_steps=10", "trainer.save_interval=100"]
-    single = train(tmp_path / "p1", cache, *steps, "infra.nproc_per_node=1", "parallel=[]",
-                   "trainer.micro_batch_size=4")
+    single = train(
+        tmp_path / "p1", cache, *steps, "infra.nproc_per_node=1", "parallel=[]", "trainer.micro_batch_size=4"
+    )
     ddp = train(tmp_path / "ddp", cache, *steps, "parallel=[ddp]", "trainer.micro_batch_size=4")
     fsdp = train(tmp_path / "fsdp", cache, *steps, "parallel=[fsdp]", "trainer.micro_batch_size=2")
     hsdp_1x2 = train(tmp_path / "hsdp12", cache, *steps, "parallel=[hsdp]")

@@ -14,9 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from olmx.api import CONFIG_GROUPS
 from olmx.config.schema import RunConfig
 from olmx.errors import ConfigError
-from olmx.api import CONFIG_GROUPS
 from olmx.registry import Registry
 
 #: Kinds whose group is selected as a list/dict of named sections (``layers.moe.top_k``);
@@ -32,7 +32,7 @@ def conf_dir() -> Path:
 def _defaults_of(config_cls: type) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.structured(config_cls))  # type: ignore[return-value]
+    return OmegaConf.to_container(OmegaConf.structured(config_cls))
 
 
 def register_plugin_options(reg: Registry) -> None:
@@ -67,8 +67,9 @@ def compose(overrides: list[str], reg: Registry) -> Any:
         with initialize_config_dir(str(conf_dir()), version_base="1.3", job_name="olmx"), warnings.catch_warnings():
             # A plugin's YAML preset named like the plugin extends its ConfigStore option;
             # Hydra 1.3 warns about that merge, which is exactly what olmx intends.
-            warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema",
-                                    category=UserWarning)
+            warnings.filterwarnings(
+                "ignore", message=r"(?s).*validated against ConfigStore schema", category=UserWarning
+            )
             return hydra_compose("train", overrides=with_conf_search_paths(list(overrides)))
     except (HydraException, OmegaConfBaseException) as exc:
         raise _config_error(exc, reg) from None
@@ -78,14 +79,16 @@ def _reject_hydra_flags(overrides: list[str]) -> None:
     for o in overrides:
         if o.startswith("-"):
             raise ConfigError(
-                o, "not an olmx option; overrides use Hydra's grammar (key=value, group=option, "
-                "+key=value, ~key) and olmx's own flags go before them (see olmx train --help)"
+                o,
+                "not an olmx option; overrides use Hydra's grammar (key=value, group=option, "
+                "+key=value, ~key) and olmx's own flags go before them (see olmx train --help)",
             )
         key, _, value = o.partition("=")
         if "," in value and not value.lstrip().startswith(("[", "{", "'", '"')):
             raise ConfigError(
-                key, f"'{value}' looks like a sweep; olmx runs one configuration at a time "
-                "(for a list value write key=[a,b])"
+                key,
+                f"'{value}' looks like a sweep; olmx runs one configuration at a time "
+                "(for a list value write key=[a,b])",
             )
 
 
@@ -110,7 +113,9 @@ def _config_error(exc: Exception, reg: Registry) -> ConfigError:
     override = re.search(r"Could not override '([^']+)'", text)
     if override:
         key = override.group(1)
-        return ConfigError(key, f"no such key; to add a new key write +{key}=VALUE (see olmx train --dry-run for the keys)")
+        return ConfigError(
+            key, f"no such key; to add a new key write +{key}=VALUE (see olmx train --dry-run for the keys)"
+        )
     appended = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
     if appended:
         key = appended.group(1)
@@ -149,8 +154,11 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
                 raise ConfigError("infra", f"choose an infra target: {', '.join(reg.names('infra'))}")
             raw = {name: raw}
         if kind == "precision" and len(raw) != 1:
-            raise ConfigError("precision", f"exactly one precision backend is used, got {sorted(raw) or 'none'}; "
-                              f"allowed: {', '.join(reg.names('precision'))}")
+            raise ConfigError(
+                "precision",
+                f"exactly one precision backend is used, got {sorted(raw) or 'none'}; "
+                f"allowed: {', '.join(reg.names('precision'))}",
+            )
         typed: dict[str, Any] = {}
         for name, values in raw.items():
             plugin = _plugin(reg, kind, group, name)

@@ -37,8 +37,8 @@ def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         default: Any = f.default
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(default):
             rows += schema_rows(type(default), prefix=f"{key}.")

@@ -49,8 +49,12 @@ def torchrun_flags(cfg: TorchrunConfig, run_dir: str | Path) -> list[str]:
     per-rank logs and error files of every attempt under ``RUN_DIR/logs/torchrun`` (which
     :mod:`olmx.launch.failures` reads) while the ranks' output still reaches the node log."""
     cfg.check()
-    return [f"--max-restarts={cfg.max_restarts}", f"--log-dir={RunDir(run_dir).torchrun_logs}", "--tee=3",
-            f"--shutdown-timeout={cfg.stop_timeout}"]
+    return [
+        f"--max-restarts={cfg.max_restarts}",
+        f"--log-dir={RunDir(run_dir).torchrun_logs}",
+        "--tee=3",
+        f"--shutdown-timeout={cfg.stop_timeout}",
+    ]
 
 
 def worker_command(plan_path: str | Path, *, python: str | None = None) -> list[str]:
@@ -73,8 +77,14 @@ def torchrun_command(
     :func:`torchrun_env`; ``rdzv_endpoint=None`` on one node means a standalone rendezvous on
     a free local port."""
     py = python or sys.executable
-    cmd = [py, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-           *torchrun_flags(cfg, plan.run_dir)]
+    cmd = [
+        py,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        *torchrun_flags(cfg, plan.run_dir),
+    ]
     if rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
@@ -96,8 +106,12 @@ def render_template(name: str, **values: object) -> str:
     import jinja2
 
     environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(_templates_dir()), undefined=jinja2.StrictUndefined, trim_blocks=True,
-        lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
+        loader=jinja2.FileSystemLoader(_templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
     )
     environment.filters["shquote"] = lambda value: shlex.quote(str(value))
     return environment.get_template(name).render(**values)

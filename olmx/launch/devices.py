@@ -25,8 +25,13 @@ def local_devices() -> LocalDevices:
     exe = shutil.which("nvidia-smi")
     if exe:
         try:
-            out = subprocess.run([exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            out = subprocess.run(
+                [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             out = ""
         rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
@@ -42,11 +47,28 @@ def local_devices() -> LocalDevices:
 #: nodes, RunPod pods): the first key found in the name wins, so longer keys come first.
 #: Source: NVIDIA's CUDA GPU list (developer.nvidia.com/cuda-gpus).
 _CAPABILITIES: tuple[tuple[str, tuple[int, int]], ...] = (
-    ("GB200", (10, 0)), ("B200", (10, 0)), ("B300", (10, 3)), ("RTX PRO 6000", (12, 0)),
-    ("RTX 5090", (12, 0)), ("GH200", (9, 0)), ("H200", (9, 0)), ("H100", (9, 0)),
-    ("L40", (8, 9)), ("L4", (8, 9)), ("RTX 6000 Ada", (8, 9)), ("RTX 4090", (8, 9)),
-    ("A100", (8, 0)), ("A800", (8, 0)), ("A30", (8, 0)), ("A6000", (8, 6)), ("A40", (8, 6)),
-    ("A5000", (8, 6)), ("A4000", (8, 6)), ("RTX 3090", (8, 6)), ("A10", (8, 6)), ("V100", (7, 0)),
+    ("GB200", (10, 0)),
+    ("B200", (10, 0)),
+    ("B300", (10, 3)),
+    ("RTX PRO 6000", (12, 0)),
+    ("RTX 5090", (12, 0)),
+    ("GH200", (9, 0)),
+    ("H200", (9, 0)),
+    ("H100", (9, 0)),
+    ("L40", (8, 9)),
+    ("L4", (8, 9)),
+    ("RTX 6000 Ada", (8, 9)),
+    ("RTX 4090", (8, 9)),
+    ("A100", (8, 0)),
+    ("A800", (8, 0)),
+    ("A30", (8, 0)),
+    ("A6000", (8, 6)),
+    ("A40", (8, 6)),
+    ("A5000", (8, 6)),
+    ("A4000", (8, 6)),
+    ("RTX 3090", (8, 6)),
+    ("A10", (8, 6)),
+    ("V100", (7, 0)),
 )
 
 

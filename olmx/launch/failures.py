@@ -27,9 +27,12 @@ from olmx.rundir import tail as read_tail
 #: torchrun's per-attempt failure line (torch/distributed/elastic/multiprocessing/api.py).
 FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary")
 #: Messages of gloo/NCCL when the other side of a collective went away.
-PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
-                       r"remote process exited|NCCL communicator was aborted|"
-                       r"ProcessGroupGloo.*(?:timed out|Timed out)|Socket Timeout", re.I)
+PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+    r"remote process exited|NCCL communicator was aborted|"
+    r"ProcessGroupGloo.*(?:timed out|Timed out)|Socket Timeout",
+    re.I,
+)
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,13 @@ def latest_torchrun_dir(log_root: Path, *, since: float = 0.0) -> Path | None:
     return max(dirs, key=lambda p: p.stat().st_mtime) if dirs else None
 
 
-def attempt_failures(console: str, run_dir: Path | None, *, node_rank: int = 0,
-                     lines: int = 30) -> list[RankFailure]:
+def attempt_failures(console: str, run_dir: Path | None, *, node_rank: int = 0, lines: int = 30) -> list[RankFailure]:
     """The root-cause failure of every failed attempt, in order, from torchrun's console output
     (``console``: this launch's part of it) and its run folder ``run_dir``."""
     out = []
     for attempt, m in enumerate(FAILED_LINE.finditer(console)):
-        exitcode, local_rank = int(m.group(1)), int(m.group(2))
+        exitcode: int | None = int(m.group(1))
+        local_rank = int(m.group(2))
         adir = run_dir / f"attempt_{attempt}" if run_dir else None
         ranks = sorted((int(p.name), p) for p in adir.iterdir() if p.name.isdigit()) if adir and adir.is_dir() else []
         errors = {r: _error(p) for r, p in ranks}
@@ -119,6 +122,15 @@ def attempt_failures(console: str, run_dir: Path | None, *, node_rank: int = 0,
         tail = ""
         if rank_dir:
             tail = read_tail(rank_dir / "stderr.log", lines) or read_tail(rank_dir / "stdout.log", lines)
-        out.append(RankFailure(attempt=attempt, node_rank=node_rank, local_rank=local_rank, exitcode=exitcode,
-                               cause=cause, log=str(log) if log else None, tail=tail))
+        out.append(
+            RankFailure(
+                attempt=attempt,
+                node_rank=node_rank,
+                local_rank=local_rank,
+                exitcode=exitcode,
+                cause=cause,
+                log=str(log) if log else None,
+                tail=tail,
+            )
+        )
     return out

@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -16,16 +17,21 @@ from olmx.plan import Plan
 from olmx.rundir import RunDir, tail
 
 
-
-def follow(plan: Plan, poll: Callable[[], int | None], *, log_path: Path, console: Console,
-           interval: float = 0.5) -> int:
+def follow(
+    plan: Plan, poll: Callable[[], int | None], *, log_path: Path, console: Console, interval: float = 0.5
+) -> int:
     """Draw progress until ``poll()`` returns an exit code; raise RunFailed on failure."""
     metrics = RunDir(plan.run_dir).metrics
     total = plan.run.trainer.max_steps
     progress = Progress(
-        TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
-        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-        TextColumn("ETA"), TimeRemainingColumn(), console=console,
+        TextColumn("[bold]step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
         # rich's default 10 redraws/s costs ~3% of a core in a terminal, taken from training
         # on small CPU machines (benchmarks/results/spine.md); metrics arrive at most per step.
         refresh_per_second=2,
@@ -56,12 +62,12 @@ def _advance(progress: Progress, task: int, metrics: Path, offset: int) -> int:
             r = json.loads(line)
         except ValueError:
             continue
-        fields = {}
+        fields: dict[str, Any] = {}
         if r.get("loss") is not None:
             fields["loss"] = f"{r['loss']:.3f}"
         if r.get("tokens_per_s"):
             fields["tps"] = f"{r['tokens_per_s']:,.0f}"
-        progress.update(task, completed=r["step"], **fields)
+        progress.update(task, completed=r["step"], **fields)  # type: ignore[arg-type]
     return offset + len(complete.encode())
 
 

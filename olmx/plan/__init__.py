@@ -126,4 +126,3 @@ class Plan:
         import yaml
 
         return cls.from_dict(yaml.safe_load(Path(path).read_text()), reg)
-

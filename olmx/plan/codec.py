@@ -54,7 +54,7 @@ def _convert(tp: Any, value: Any) -> Any:
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_convert(args[0], v) for v in value)
-        return tuple(_convert(a, v) for a, v in zip(args, value)) if args else tuple(value)
+        return tuple(_convert(a, v) for a, v in zip(args, value, strict=True)) if args else tuple(value)
     if origin is dict:
         return {k: _convert(args[1], v) for k, v in value.items()} if args else dict(value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):

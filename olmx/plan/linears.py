@@ -31,7 +31,14 @@ def dense_linears(model: Any, vocab_size: int) -> list[LinearLayer]:
     head_dim = model.d_model // model.n_heads
     q, kv = model.n_heads * head_dim, (model.n_kv_heads or model.n_heads) * head_dim
     d, h = model.d_model, model.hidden_size
-    block = [("attention.w_q", d, q), ("attention.w_k", d, kv), ("attention.w_v", d, kv), ("attention.w_out", q, d),
-             ("feed_forward.w1", d, h), ("feed_forward.w2", h, d), ("feed_forward.w3", d, h)]
+    block = [
+        ("attention.w_q", d, q),
+        ("attention.w_k", d, kv),
+        ("attention.w_v", d, kv),
+        ("attention.w_out", q, d),
+        ("feed_forward.w1", d, h),
+        ("feed_forward.w2", h, d),
+        ("feed_forward.w3", d, h),
+    ]
     layers = [LinearLayer(f"blocks.{i}.{n}", a, b) for i in range(model.n_layers) for n, a, b in block]
     return layers + [LinearLayer("lm_head.w_out", d, vocab_size)]

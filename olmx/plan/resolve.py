@@ -30,6 +30,8 @@ DATA_SOURCES = ("stdlib", "text", "numpy")
 #: is not offered: with torch 2.13 its recompute fails in RoPE ("aten.alias.default invocation
 #: index 4 encountered during backward but not found in storage", benchmarks/results/ulysses.md).
 AC_MODES = ("full", "long_context")
+
+
 def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
     """Vocabulary rounded up as OLMo-core's ``TokenizerConfig.padded_vocab_size`` does."""
     return -(-vocab_size // multiple) * multiple
@@ -72,23 +74,45 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
         raise ConfigError(
             "trainer.global_batch_size",
             f"{t.global_batch_size} sequences must be a multiple of trainer.micro_batch_size ({t.micro_batch_size}) "
-            f"x data-parallel ranks ({mesh.dp}) = {per_step}")
-    batch = BatchPlan(seq_len=run.data.seq_len, global_seqs=t.global_batch_size, micro_seqs=t.micro_batch_size,
-                      dp_ranks=mesh.dp, grad_accum=t.global_batch_size // per_step)
+            f"x data-parallel ranks ({mesh.dp}) = {per_step}",
+        )
+    batch = BatchPlan(
+        seq_len=run.data.seq_len,
+        global_seqs=t.global_batch_size,
+        micro_seqs=t.micro_batch_size,
+        dp_ranks=mesh.dp,
+        grad_accum=t.global_batch_size // per_step,
+    )
 
     base = count_params(run.model, vocab)
     extra = sum(c.params for c in contributions.values())
     extra_active = sum(c.active_params for c in contributions.values())
     params = ParamCounts(total=base.total + extra, embedding=base.embedding, active=base.active + extra_active)
-    clip = ("off" if t.max_grad_norm is None else
-            "olmx" if any(c.own_mesh_params for c in contributions.values()) else "olmo_core")
+    clip = (
+        "off"
+        if t.max_grad_norm is None
+        else "olmx"
+        if any(c.own_mesh_params for c in contributions.values())
+        else "olmo_core"
+    )
 
     run_dir = _run_dir(run, now or datetime.now())
     resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
-    return Plan(run=run, world=world, mesh=mesh, dtypes=dtypes, batch=batch, params=params, vocab_size=vocab,
-                run_dir=run_dir, resume_step=resume_step, clip=clip,
-                decisions={k: c.decisions for k, c in contributions.items() if c.decisions},
-                sections={k: c.rows for k, c in contributions.items()}, olmx_version=__version__)
+    return Plan(
+        run=run,
+        world=world,
+        mesh=mesh,
+        dtypes=dtypes,
+        batch=batch,
+        params=params,
+        vocab_size=vocab,
+        run_dir=run_dir,
+        resume_step=resume_step,
+        clip=clip,
+        decisions={k: c.decisions for k, c in contributions.items() if c.decisions},
+        sections={k: c.rows for k, c in contributions.items()},
+        olmx_version=__version__,
+    )
 
 
 def context(run: RunConfig, world: World, reg: Registry) -> Context:
@@ -100,8 +124,14 @@ def context(run: RunConfig, world: World, reg: Registry) -> Context:
     dtypes = precision.dtypes(run.precision[run.precision_name], run, world, mesh)
     check_dtypes(dtypes, mesh=mesh, world=world, field_prefix=precision.section)
     layers = tuple((plugin, cfg) for _, plugin, cfg in reg.layers_in_order(run.layers))
-    ctx = Context(run=run, world=world, mesh=mesh, dtypes=dtypes,
-                  vocab_size=padded_vocab(run.data.tokenizer.vocab_size), layers=layers)
+    ctx = Context(
+        run=run,
+        world=world,
+        mesh=mesh,
+        dtypes=dtypes,
+        vocab_size=padded_vocab(run.data.tokenizer.vocab_size),
+        layers=layers,
+    )
     if mesh.ep > 1:
         _check_experts(ctx, reg)
     return ctx
@@ -140,11 +170,17 @@ def _check_experts(ctx: Context, reg: Registry) -> None:
     have = [p.name for p, _ in ctx.layers if p.experts]
     if not have:
         offer = " or ".join(f"layers=[{n}]" for n in _installed_with(reg, "layer", "experts"))
-        raise ConfigError(ctx.mesh.ep_field, f"expert parallelism needs a layer with experts: add "
-                          f"{offer or 'a layer plugin with experts (none is installed)'}")
+        raise ConfigError(
+            ctx.mesh.ep_field,
+            f"expert parallelism needs a layer with experts: add "
+            f"{offer or 'a layer plugin with experts (none is installed)'}",
+        )
     if len(have) > 1:
-        raise ConfigError(ctx.mesh.ep_field, f"expert parallelism places the experts of one layer plugin, "
-                          f"this run has {len(have)} with experts: {', '.join(have)}")
+        raise ConfigError(
+            ctx.mesh.ep_field,
+            f"expert parallelism places the experts of one layer plugin, "
+            f"this run has {len(have)} with experts: {', '.join(have)}",
+        )
 
 
 def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], reg: Registry) -> Mesh:
@@ -154,8 +190,11 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
     for plugin, cfg in parallel:
         for dim, size in plugin.claim(cfg, run, world).items():
             if dim not in CLAIMABLE_DIMS:
-                raise ConfigError(plugin.section, f"claims mesh dimension '{dim}'; claimable: "
-                                  f"{', '.join(f'{k} ({v})' for k, v in CLAIMABLE_DIMS.items())}")
+                raise ConfigError(
+                    plugin.section,
+                    f"claims mesh dimension '{dim}'; claimable: "
+                    f"{', '.join(f'{k} ({v})' for k, v in CLAIMABLE_DIMS.items())}",
+                )
             if dim in claimed:
                 raise ConfigError(plugin.section, f"mesh dimension '{dim}' is already claimed by {claimed[dim][1]}")
             if size < 1:
@@ -163,33 +202,54 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
             claimed[dim] = (size, plugin.section)
     cp = claimed.get("cp", (1, ""))[0]
     if world.size % cp:
-        raise ConfigError(claimed["cp"][1], f"cp={cp} must divide the world size {world.size} "
-                          f"({world.nnodes} node(s) x {world.nproc_per_node} processes)")
+        raise ConfigError(
+            claimed["cp"][1],
+            f"cp={cp} must divide the world size {world.size} "
+            f"({world.nnodes} node(s) x {world.nproc_per_node} processes)",
+        )
     dp_ranks = world.size // cp
     strategies = [(p, cfg) for p, cfg in parallel if p.data_parallel]
     if len(strategies) > 1:
-        raise ConfigError("parallel", f"choose one data-parallel strategy, got {', '.join(p.name for p, _ in strategies)}")
+        raise ConfigError(
+            "parallel", f"choose one data-parallel strategy, got {', '.join(p.name for p, _ in strategies)}"
+        )
     if not strategies:
         if world.size > 1:
             offer = _installed_with(reg, "parallel", "data_parallel")
             raise ConfigError(
-                "parallel", f"{world.size} processes need a data-parallel strategy to keep replicas in "
+                "parallel",
+                f"{world.size} processes need a data-parallel strategy to keep replicas in "
                 f"sync (without one OLMo-core trains diverging copies); add one of: {', '.join(offer) or 'none'} "
-                f"(e.g. parallel=[{offer[0] if offer else '...'}]) or run one process (infra.nproc_per_node=1)")
+                f"(e.g. parallel=[{offer[0] if offer else '...'}]) or run one process (infra.nproc_per_node=1)",
+            )
         return Mesh(cp=cp)
     plugin, cfg = strategies[0]
     lay = plugin.layout(cfg, dp_ranks, world)
     if lay.replicate * lay.shard != dp_ranks or min(lay.replicate, lay.shard, lay.ep) < 1:
-        raise ConfigError(plugin.section, f"lays out {lay.replicate} x {lay.shard} ranks, but there are {dp_ranks} "
-                          f"data-parallel ranks")
+        raise ConfigError(
+            plugin.section,
+            f"lays out {lay.replicate} x {lay.shard} ranks, but there are {dp_ranks} data-parallel ranks",
+        )
     if lay.ep > 1:
         if dp_ranks % lay.ep:
-            raise ConfigError(lay.ep_field or plugin.section, f"{lay.ep} must divide the {dp_ranks} data-parallel ranks")
+            raise ConfigError(
+                lay.ep_field or plugin.section, f"{lay.ep} must divide the {dp_ranks} data-parallel ranks"
+            )
         if cp > 1:
-            raise ConfigError(lay.ep_field or plugin.section, f"expert parallelism (ep={lay.ep}) with context parallelism "
-                              f"(cp={cp}, {claimed['cp'][1]}) is not supported")
-    return Mesh(dp_replicate=lay.replicate, dp_shard=lay.shard, cp=cp, ep=lay.ep,
-                shards_params=lay.shards_params, hybrid=lay.hybrid, ep_field=lay.ep_field or plugin.section)
+            raise ConfigError(
+                lay.ep_field or plugin.section,
+                f"expert parallelism (ep={lay.ep}) with context parallelism "
+                f"(cp={cp}, {claimed['cp'][1]}) is not supported",
+            )
+    return Mesh(
+        dp_replicate=lay.replicate,
+        dp_shard=lay.shard,
+        cp=cp,
+        ep=lay.ep,
+        shards_params=lay.shards_params,
+        hybrid=lay.hybrid,
+        ep_field=lay.ep_field or plugin.section,
+    )
 
 
 def _check_model(m: ModelConfig) -> None:
@@ -219,7 +279,9 @@ def _check_data(run: RunConfig, *, files_here: bool = True) -> None:
             raise ConfigError(f"data.tokenizer.{key}", f"{value} is outside the vocabulary [0, {tok.vocab_size})")
     if d.name == "stdlib":
         if not Path(sysconfig.get_paths()["stdlib"]).is_dir():
-            raise ConfigError("data.name", "this Python has no standard-library sources; use data=text data.paths=[...]")
+            raise ConfigError(
+                "data.name", "this Python has no standard-library sources; use data=text data.paths=[...]"
+            )
         if tok.name != "bytes":
             raise ConfigError("data.tokenizer.name", "data=stdlib is tokenized byte-level: use the bytes tokenizer")
         return
@@ -254,8 +316,10 @@ def _check_trainer(run: RunConfig) -> None:
     if t.on_nonfinite not in ("stop", "skip"):
         raise ConfigError("trainer.on_nonfinite", f"'{t.on_nonfinite}' is not one of stop, skip")
     if t.activation_checkpointing not in (None, *AC_MODES):
-        raise ConfigError("trainer.activation_checkpointing",
-                          f"'{t.activation_checkpointing}' is not one of {', '.join(AC_MODES)}, null")
+        raise ConfigError(
+            "trainer.activation_checkpointing",
+            f"'{t.activation_checkpointing}' is not one of {', '.join(AC_MODES)}, null",
+        )
 
 
 def _run_dir(run: RunConfig, now: datetime) -> str:
@@ -292,14 +356,22 @@ def describe_plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("world", f"{w.size} processes = {w.nnodes} node(s) x {w.nproc_per_node} ({w.device_name})"),
         ("mesh", mesh),
         ("global batch", f"{b.global_seqs} sequences = {b.global_tokens:,} tokens"),
-        ("micro batch / process", f"{b.micro_seqs} sequences = {b.micro_tokens:,} tokens"
-                                  f"{f', {b.grad_accum} accumulation steps' if b.grad_accum > 1 else ''}"),
+        (
+            "micro batch / process",
+            f"{b.micro_seqs} sequences = {b.micro_tokens:,} tokens"
+            f"{f', {b.grad_accum} accumulation steps' if b.grad_accum > 1 else ''}",
+        ),
         ("parameters", f"{p.total:,} total, {p.non_embedding:,} non-embedding, {p.active:,} active"),
         ("vocabulary", f"{plan.vocab_size} (padded)"),
         ("dtypes", f"compute {plan.dtypes.param}, gradient reduction {plan.dtypes.reduce}, master weights float32"),
-        ("gradient clipping", {"olmo_core": f"global norm {plan.run.trainer.max_grad_norm} (OLMo-core)",
-                               "olmx": f"global norm {plan.run.trainer.max_grad_norm} across device meshes (olmx)",
-                               "off": "off"}[plan.clip]),
+        (
+            "gradient clipping",
+            {
+                "olmo_core": f"global norm {plan.run.trainer.max_grad_norm} (OLMo-core)",
+                "olmx": f"global norm {plan.run.trainer.max_grad_norm} across device meshes (olmx)",
+                "off": "off",
+            }[plan.clip],
+        ),
         ("run dir", plan.run_dir),
         ("resume", f"from step {plan.resume_step}" if plan.resume_step is not None else "no (fresh start)"),
     ]

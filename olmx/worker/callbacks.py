@@ -23,7 +23,6 @@ from olmo_core.train.callbacks import Callback
 from olmx.rundir import RunDir
 
 
-
 def peak_memory_mib(device: Any) -> float:
     """Peak memory of this process: CUDA allocator peak on GPU, max RSS on CPU."""
     import torch
@@ -74,8 +73,9 @@ class OlmxMetricsCallback(Callback):
         if self._t0 is None:
             self._t0, self._step0 = now, self.step
         self._last_time = now
-        self.trainer.record_metric("system/peak memory (MiB)", peak_memory_mib(self.trainer.device),
-                                   reduce_type=ReduceType.max)
+        self.trainer.record_metric(
+            "system/peak memory (MiB)", peak_memory_mib(self.trainer.device), reduce_type=ReduceType.max
+        )
 
     def _tokens_per_s(self) -> float | None:
         steps = self.step - self._step0
@@ -113,12 +113,14 @@ class OlmxMetricsCallback(Callback):
         import torch.distributed as dist
 
         tps = self._tokens_per_s()
-        mine = {"rank": int(os.environ.get("RANK", 0)),
-                "tokens_per_s": tps / self.world_size if tps else None,
-                "peak_mem_mib": peak_memory_mib(self.trainer.device)}
+        mine = {
+            "rank": int(os.environ.get("RANK", 0)),
+            "tokens_per_s": tps / self.world_size if tps else None,
+            "peak_mem_mib": peak_memory_mib(self.trainer.device),
+        }
         everyone = [mine]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            everyone = [None] * dist.get_world_size()
+            everyone = [None] * dist.get_world_size()  # type: ignore[list-item]
             dist.all_gather_object(everyone, mine)
         if mine["rank"] != 0:
             return

@@ -68,8 +68,9 @@ def _file_digest(path: Path) -> list[int]:
 
 def _data_files(ckpt: Path) -> list[str]:
     """Every file of a checkpoint except the completion mark and the manifest, sorted."""
-    return sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*")
-                  if p.is_file() and p.name not in (METADATA, MANIFEST))
+    return sorted(
+        str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file() and p.name not in (METADATA, MANIFEST)
+    )
 
 
 def _digests(ckpt: Path, files: list[str]) -> dict[str, list[int]]:
@@ -152,8 +153,10 @@ def verify(ckpt: Path, *, write_manifest: bool = False) -> str | None:
                 if got[0] < 0:
                     problem = f"{rel} is missing"
                 elif got != list(expected):
-                    problem = (f"{rel} does not match its manifest (size {got[0]} vs {expected[0]}, "
-                               f"crc {got[1]:08x} vs {expected[1]:08x})")
+                    problem = (
+                        f"{rel} does not match its manifest (size {got[0]} vs {expected[0]}, "
+                        f"crc {got[1]:08x} vs {expected[1]:08x})"
+                    )
         world = manifest.get("world_size") if manifest else (get_world_size() if write_manifest else None)
         problem = problem or structure_problem(ckpt, {k: v[0] for k, v in digests.items()}, world)
         if problem is None and write_manifest:
@@ -236,8 +239,7 @@ def resume_from_verified(trainer: Any, run_dir: str | Path) -> int | None:
             shutil.rmtree(aside, ignore_errors=True)
             path.rename(aside)
             log.error(f"checkpoint {path} is corrupt ({problem}); moved to {aside}, trying an older one")
-            append_event(run_dir, "checkpoint_corrupt", step=step, path=str(path), problem=problem,
-                         moved_to=str(aside))
+            append_event(run_dir, "checkpoint_corrupt", step=step, path=str(path), problem=problem, moved_to=str(aside))
         barrier()
     return None
 
@@ -273,9 +275,11 @@ def check_disk_space(model: Any, run_dir: str | Path) -> None:
         need = checkpoint_bytes(model)
         free = shutil.disk_usage(Path(run_dir)).free
         if free < 2 * need:
-            problem = (f"the run directory {run_dir} has {free / 2**20:,.1f} MiB free; a checkpoint of this model "
-                       f"needs about {need / 2**20:,.1f} MiB and two must fit (the last good one and the next): "
-                       f"free some space or choose another trainer.run_dir")
+            problem = (
+                f"the run directory {run_dir} has {free / 2**20:,.1f} MiB free; a checkpoint of this model "
+                f"needs about {need / 2**20:,.1f} MiB and two must fit (the last good one and the next): "
+                f"free some space or choose another trainer.run_dir"
+            )
     problem = broadcast_object(problem)
     if problem:
         raise LaunchError(problem)

@@ -223,8 +223,9 @@ class FaultInjector(Callback):
 
 def fault_callbacks(run: Any, run_dir: str) -> dict[str, Callback]:
     """The Trainer callbacks of this module for a run."""
-    callbacks: dict[str, Callback] = {"olmx_guard": TrainingGuard(on_nonfinite=run.trainer.on_nonfinite,
-                                                                  run_dir=run_dir)}
+    callbacks: dict[str, Callback] = {
+        "olmx_guard": TrainingGuard(on_nonfinite=run.trainer.on_nonfinite, run_dir=run_dir)
+    }
     if os.environ.get(FAULTS_ENV):
         configure_faults(run_dir)
         callbacks["olmx_faults"] = FaultInjector()

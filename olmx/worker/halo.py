@@ -30,7 +30,7 @@ class _PreviousShardHalo(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, size: int, group: dist.ProcessGroup) -> torch.Tensor:
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        tail = x[:, x.shape[1] - size:].contiguous()
+        tail = x[:, x.shape[1] - size :].contiguous()
         tails = [torch.empty_like(tail) for _ in range(world)]
         dist.all_gather(tails, tail, group=group)
         ctx.size, ctx.group, ctx.shape = size, group, x.shape
@@ -43,7 +43,7 @@ class _PreviousShardHalo(torch.autograd.Function):
         dist.all_gather(grads, grad.contiguous(), group=ctx.group)
         grad_x = grad.new_zeros(ctx.shape)
         if rank < world - 1:  # the next rank read my tail
-            grad_x[:, ctx.shape[1] - ctx.size:] = grads[rank + 1]
+            grad_x[:, ctx.shape[1] - ctx.size :] = grads[rank + 1]
         return grad_x, None, None
 
 

@@ -59,12 +59,12 @@ def _run(plan_path: str | Path) -> int:
     from olmo_core.distributed.utils import barrier, get_rank, get_world_size
     from olmo_core.train import prepare_training_environment, teardown_training_environment
 
+    from olmx.events import append_event
     from olmx.worker.callbacks import truncate_metrics
     from olmx.worker.checkpoint import check_disk_space, resume_from_verified
     from olmx.worker.faults import agree_stop
     from olmx.worker.model import build_model
     from olmx.worker.train import build_trainer, reset_run_dir
-    from olmx.events import append_event
 
     backend = "gloo" if plan.world.device == "cpu" else "cpu:gloo,cuda:nccl"
     if plan.world.device == "cpu":

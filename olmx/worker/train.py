@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Any
 
 from olmx.plan import Plan
@@ -77,7 +76,8 @@ def activation_checkpointing_config(mode: str) -> Any:
 
     if mode == "long_context":
         return TransformerActivationCheckpointingConfig(
-            mode=TransformerActivationCheckpointingMode.selected_modules, modules=list(LONG_CONTEXT_AC_MODULES))
+            mode=TransformerActivationCheckpointingMode.selected_modules, modules=list(LONG_CONTEXT_AC_MODULES)
+        )
     return TransformerActivationCheckpointingConfig(mode=TransformerActivationCheckpointingMode(mode))
 
 
@@ -108,29 +108,45 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, reg)).build(model)
 
     tok = run.data.tokenizer
-    tokenizer = TokenizerConfig(vocab_size=tok.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
-                                bos_token_id=tok.bos_id, identifier=tok.name)
-    dataset = NumpyFSLDatasetConfig(tokenizer=tokenizer, paths=token_files(run.data),
-                                    sequence_length=plan.batch.seq_len,
-                                    work_dir=str(rd.work / "dataset")).build()
+    tokenizer = TokenizerConfig(
+        vocab_size=tok.vocab_size,
+        eos_token_id=tok.eos_id,
+        pad_token_id=tok.pad_id,
+        bos_token_id=tok.bos_id,
+        identifier=tok.name,
+    )
+    dataset = NumpyFSLDatasetConfig(
+        tokenizer=tokenizer,
+        paths=token_files(run.data),
+        sequence_length=plan.batch.seq_len,
+        work_dir=str(rd.work / "dataset"),
+    ).build()
     data_loader = NumpyDataLoaderConfig(
-        global_batch_size=plan.batch.global_tokens, seed=t.seed, num_workers=run.data.num_workers,
+        global_batch_size=plan.batch.global_tokens,
+        seed=t.seed,
+        num_workers=run.data.num_workers,
         work_dir=str(rd.work / "loader"),
     ).build(dataset, dp_process_group=train_module.dp_process_group)
 
     callbacks = {
         # Synchronous saves: OLMo-core 3.0.0's async save deadlocks multi-process runs
         # (research note olmo-core-3.0.md §3.9).
-        "checkpointer": CheckpointerCallback(save_interval=t.save_interval, save_async=False,
-                                             pre_train_checkpoint=False),
+        "checkpointer": CheckpointerCallback(
+            save_interval=t.save_interval, save_async=False, pre_train_checkpoint=False
+        ),
         "console_logger": ConsoleLoggerCallback(log_interval=max(t.log_interval, 10)),
-        "olmx_metrics": OlmxMetricsCallback(run_dir=str(run_dir), tokens_per_step=plan.batch.global_tokens,
-                                            world_size=plan.world.size, resumed_from=plan.resume_step),
+        "olmx_metrics": OlmxMetricsCallback(
+            run_dir=str(run_dir),
+            tokens_per_step=plan.batch.global_tokens,
+            world_size=plan.world.size,
+            resumed_from=plan.resume_step,
+        ),
     }
     callbacks.update(fault_callbacks(run, str(run_dir)))
     if plan.clip == "olmx":
         from olmx.worker.clip import GradClipCallback
 
+        assert t.max_grad_norm is not None  # plan.clip is "off" without it
         callbacks["olmx_grad_clip"] = GradClipCallback(max_norm=t.max_grad_norm)
     callbacks.update(plugin_callbacks(plan, reg))
     return TrainerConfig(

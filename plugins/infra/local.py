@@ -52,16 +52,27 @@ class LocalInfra(InfraPlugin):
             raise ConfigError("infra.nproc_per_node", f"{nproc} processes but this machine has {dev.count} GPU(s)")
         if cfg.nnodes < 1 or not 0 <= cfg.node_rank < cfg.nnodes:
             raise ConfigError("infra.node_rank", f"{cfg.node_rank} must be in [0, infra.nnodes={cfg.nnodes})")
-        return World(nnodes=cfg.nnodes, nproc_per_node=nproc, device=dev.kind, device_name=dev.name,
-                     compute_capability=dev.compute_capability)
+        return World(
+            nnodes=cfg.nnodes,
+            nproc_per_node=nproc,
+            device=dev.kind,
+            device_name=dev.name,
+            compute_capability=dev.compute_capability,
+        )
 
     def command(self, cfg: LocalConfig, plan: Any) -> list[str]:
         """The torchrun command line for this node."""
         from olmx.launch import torchrun_command
 
         endpoint = None if cfg.nnodes == 1 else f"{cfg.master_addr}:{cfg.master_port}"
-        return torchrun_command(plan, cfg, nnodes=cfg.nnodes, nproc_per_node=plan.world.nproc_per_node,
-                                node_rank=cfg.node_rank, rdzv_endpoint=endpoint)
+        return torchrun_command(
+            plan,
+            cfg,
+            nnodes=cfg.nnodes,
+            nproc_per_node=plan.world.nproc_per_node,
+            node_rank=cfg.node_rank,
+            rdzv_endpoint=endpoint,
+        )
 
     def dry_run(self, cfg: LocalConfig, plan: Any) -> str:
         """The exact command that would run."""
@@ -97,12 +108,20 @@ class LocalInfra(InfraPlugin):
         console = Console(stderr=True)
         interrupted = False
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(self.command(cfg, plan), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+            proc = subprocess.Popen(
+                self.command(cfg, plan),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
 
             def pass_on(signum: int, frame: Any) -> None:
-                console.print(f"{signal.Signals(signum).name}: stopping the run at the end of this step "
-                              f"(a checkpoint is saved)...")
+                console.print(
+                    f"{signal.Signals(signum).name}: stopping the run at the end of this step "
+                    f"(a checkpoint is saved)..."
+                )
                 os.killpg(proc.pid, signum)
 
             previous = signal.signal(signal.SIGTERM, pass_on)
@@ -118,11 +137,31 @@ class LocalInfra(InfraPlugin):
                     rc = proc.wait()
             finally:
                 signal.signal(signal.SIGTERM, previous)
-        return self._conclude(plan, cfg, launch_id=launch_id, rc=rc, started=started, log_path=log_path,
-                              offset=offset, interrupted=interrupted, console=console)
+        return self._conclude(
+            plan,
+            cfg,
+            launch_id=launch_id,
+            rc=rc,
+            started=started,
+            log_path=log_path,
+            offset=offset,
+            interrupted=interrupted,
+            console=console,
+        )
 
-    def _conclude(self, plan: Any, cfg: LocalConfig, *, launch_id: str, rc: int, started: float, log_path: Path,
-                  offset: int, interrupted: bool, console: Any) -> int:
+    def _conclude(
+        self,
+        plan: Any,
+        cfg: LocalConfig,
+        *,
+        launch_id: str,
+        rc: int,
+        started: float,
+        log_path: Path,
+        offset: int,
+        interrupted: bool,
+        console: Any,
+    ) -> int:
         """Record the rank failures of this launch in ``events.jsonl`` and turn its outcome
         into the return value or a :class:`RunFailed`."""
         from olmx.events import append_event, outcome, read_events
@@ -131,8 +170,11 @@ class LocalInfra(InfraPlugin):
         with open(log_path, "rb") as f:
             f.seek(offset)
             console_text = f.read().decode(errors="replace")
-        failures = attempt_failures(console_text, latest_torchrun_dir(RunDir(plan.run_dir).torchrun_logs, since=started),
-                                    node_rank=cfg.node_rank)
+        failures = attempt_failures(
+            console_text,
+            latest_torchrun_dir(RunDir(plan.run_dir).torchrun_logs, since=started),
+            node_rank=cfg.node_rank,
+        )
         for failure in failures:
             append_event(plan.run_dir, "rank_failed", launch=launch_id, **failure.as_event())
         # On several nodes global rank 0 (which writes the run's records) may be on any node, its
@@ -140,8 +182,11 @@ class LocalInfra(InfraPlugin):
         mine = launch_id if cfg.nnodes == 1 else None
         for e in read_events(plan.run_dir, launch=mine, since=started):
             if e["event"] == "checkpoint_corrupt":
-                console.print(f"[yellow]checkpoint step {e['step']} was corrupt[/] ({e['problem']}); "
-                              f"moved to {e['moved_to']}, an older one was used", highlight=False)
+                console.print(
+                    f"[yellow]checkpoint step {e['step']} was corrupt[/] ({e['problem']}); "
+                    f"moved to {e['moved_to']}, an older one was used",
+                    highlight=False,
+                )
         result = outcome(plan.run_dir, launch=mine, since=started, returncode=rc)
         restarts = failures if result.state != "failed" else failures[:-1]
         for failure in restarts:
@@ -150,17 +195,23 @@ class LocalInfra(InfraPlugin):
             return 0
         resume = f"run the same olmx train again (trainer.run_dir={plan.run_dir}) to resume"
         if result.state == "stopped":
-            raise RunFailed(f"{'interrupted, ' if interrupted else ''}{result.message}: {resume}",
-                            130 if interrupted else result.exit_code)
+            raise RunFailed(
+                f"{'interrupted, ' if interrupted else ''}{result.message}: {resume}",
+                130 if interrupted else result.exit_code,
+            )
         if result.state == "nonfinite":
-            raise RunFailed(f"{result.message}; lower the learning rate (or set trainer.on_nonfinite=skip) "
-                            f"and {resume}", result.exit_code)
+            raise RunFailed(
+                f"{result.message}; lower the learning rate (or set trainer.on_nonfinite=skip) and {resume}",
+                result.exit_code,
+            )
         if failures:
             last = failures[-1]
             where = f" ({last.log})" if last.log else ""
-            raise RunFailed(f"training failed: {last.describe()}; no restarts left "
-                            f"(infra.max_restarts={cfg.max_restarts}). Last lines of its log{where}:\n{last.tail}",
-                            rc or 1)
+            raise RunFailed(
+                f"training failed: {last.describe()}; no restarts left "
+                f"(infra.max_restarts={cfg.max_restarts}). Last lines of its log{where}:\n{last.tail}",
+                rc or 1,
+            )
         from olmx.rundir import tail
 
         raise RunFailed(f"training failed with exit code {rc}; last lines of {log_path}:\n{tail(log_path)}", rc or 1)

@@ -21,8 +21,7 @@ class DataParallelStrategy(ParallelPlugin):
     api = ">=2.0,<3"
     data_parallel = True
 
-    def __init__(self, *, name: str, description: str, config: type, summary: str,
-                 dp_type: str | None = None) -> None:
+    def __init__(self, *, name: str, description: str, config: type, summary: str, dp_type: str | None = None) -> None:
         self.name = name
         self._dp_type = dp_type or name
         self.description = description
@@ -71,13 +70,17 @@ class FullyShardedStrategy(DataParallelStrategy):
     def layout(self, cfg: Any, dp_ranks: int, world: World) -> Layout:
         """Every parameter sharded over all data-parallel ranks (checks the wrapping strategy)."""
         if cfg.wrapping_strategy not in WRAPPING:
-            raise ConfigError(f"parallel.{self.name}.wrapping_strategy",
-                              f"'{cfg.wrapping_strategy}' is not one of {', '.join(WRAPPING)}")
+            raise ConfigError(
+                f"parallel.{self.name}.wrapping_strategy",
+                f"'{cfg.wrapping_strategy}' is not one of {', '.join(WRAPPING)}",
+            )
         return Layout(replicate=1, shard=dp_ranks, shards_params=True)
 
     def dp_config_kwargs(self, cfg: Any, plan: Any) -> dict[str, Any]:
         """Wrapping strategy and prefetch factor."""
         from olmo_core.nn.transformer.config import TransformerDataParallelWrappingStrategy
 
-        return {"wrapping_strategy": TransformerDataParallelWrappingStrategy(cfg.wrapping_strategy),
-                "prefetch_factor": cfg.prefetch_factor}
+        return {
+            "wrapping_strategy": TransformerDataParallelWrappingStrategy(cfg.wrapping_strategy),
+            "prefetch_factor": cfg.prefetch_factor,
+        }

@@ -13,6 +13,8 @@ class DDPConfig:
 
 
 DDP = DataParallelStrategy(
-    name="ddp", description=__doc__.splitlines()[0], config=DDPConfig,
+    name="ddp",
+    description=__doc__.splitlines()[0],
+    config=DDPConfig,
     summary="full replicas, gradients all-reduced",
 )

@@ -9,7 +9,6 @@ only claims the expert-parallel degree (``mesh.ep``); the layer with experts pla
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from olmx.api import Context, Contribution, Layout, World
 from olmx.errors import ConfigError
@@ -36,9 +35,15 @@ class DDPExpertParallel(DataParallelStrategy):
     def resolve(self, cfg: DDPEPConfig, ctx: Context) -> Contribution:
         """The layout in words."""
         groups = ctx.mesh.dp // ctx.mesh.ep
-        return Contribution(rows=[("layout", self._summary),
-                                  ("expert parallel", f"degree {ctx.mesh.ep}, {groups} replica group(s)")])
+        return Contribution(
+            rows=[("layout", self._summary), ("expert parallel", f"degree {ctx.mesh.ep}, {groups} replica group(s)")]
+        )
 
 
-DDP_EP = DDPExpertParallel(name="ddp_ep", description=__doc__.splitlines()[0], config=DDPEPConfig,
-                           summary="dense parameters replicated (DDP), experts sharded", dp_type="ddp")
+DDP_EP = DDPExpertParallel(
+    name="ddp_ep",
+    description=__doc__.splitlines()[0],
+    config=DDPEPConfig,
+    summary="dense parameters replicated (DDP), experts sharded",
+    dp_type="ddp",
+)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from olmx_plugins.parallel.data_parallel import FSDPConfig, FullyShardedStrategy
 
 FSDP = FullyShardedStrategy(
-    name="fsdp", description=__doc__.splitlines()[0], config=FSDPConfig,
+    name="fsdp",
+    description=__doc__.splitlines()[0],
+    config=FSDPConfig,
     summary="parameters, gradients and optimizer state sharded",
 )

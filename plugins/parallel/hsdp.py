@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from olmx.errors import ConfigError
 from olmx.api import Context, Contribution, Layout, World
+from olmx.errors import ConfigError
 from olmx_plugins.parallel.data_parallel import FSDPConfig, FullyShardedStrategy
 
 
@@ -35,22 +35,33 @@ class HybridShardedStrategy(FullyShardedStrategy):
         if shard is None:
             shard = dp_ranks // cfg.num_replicas if cfg.num_replicas else min(world.nproc_per_node, dp_ranks)
         if shard < 1 or dp_ranks % shard:
-            raise ConfigError("parallel.hsdp.shard_degree",
-                              f"{shard} must divide the {dp_ranks} data-parallel ranks")
+            raise ConfigError("parallel.hsdp.shard_degree", f"{shard} must divide the {dp_ranks} data-parallel ranks")
         replicas = cfg.num_replicas if cfg.num_replicas is not None else dp_ranks // shard
         if replicas * shard != dp_ranks:
-            raise ConfigError("parallel.hsdp.num_replicas",
-                              f"{replicas} replicas x shard_degree {shard} = {replicas * shard}, "
-                              f"but there are {dp_ranks} data-parallel ranks")
-        return Layout(replicate=replicas, shard=shard, shards_params=True, hybrid=True,
-                      ep=shard if cfg.expert_parallel else 1, ep_field="parallel.hsdp.expert_parallel")
+            raise ConfigError(
+                "parallel.hsdp.num_replicas",
+                f"{replicas} replicas x shard_degree {shard} = {replicas * shard}, "
+                f"but there are {dp_ranks} data-parallel ranks",
+            )
+        return Layout(
+            replicate=replicas,
+            shard=shard,
+            shards_params=True,
+            hybrid=True,
+            ep=shard if cfg.expert_parallel else 1,
+            ep_field="parallel.hsdp.expert_parallel",
+        )
 
     def resolve(self, cfg: HSDPConfig, ctx: Context) -> Contribution:
         """The layout in words."""
         c = super().resolve(cfg, ctx)
         if ctx.mesh.ep > 1:
-            c.rows.append(("expert parallel", f"degree {ctx.mesh.ep} (each dp_shard group), "
-                                              f"{ctx.mesh.dp_replicate} replica group(s)"))
+            c.rows.append(
+                (
+                    "expert parallel",
+                    f"degree {ctx.mesh.ep} (each dp_shard group), {ctx.mesh.dp_replicate} replica group(s)",
+                )
+            )
         return c
 
     def dp_config_kwargs(self, cfg: Any, plan: Any) -> dict[str, Any]:
@@ -63,6 +74,8 @@ class HybridShardedStrategy(FullyShardedStrategy):
 
 
 HSDP = HybridShardedStrategy(
-    name="hsdp", description=__doc__.splitlines()[0], config=HSDPConfig,
+    name="hsdp",
+    description=__doc__.splitlines()[0],
+    config=HSDPConfig,
     summary="parameters sharded within dp_shard groups, replicated across dp_replicate",
 )

@@ -25,8 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from olmx.errors import ConfigError
 from olmx.api import Context, Contribution, ParallelPlugin, World
+from olmx.errors import ConfigError
 
 
 @dataclass
@@ -43,8 +43,9 @@ def replicated_kv_heads(n_kv_heads: int, degree: int) -> int:
     return math.lcm(n_kv_heads, degree)
 
 
-def all_to_all_bytes(*, micro_seqs: int, seq_len: int, n_heads: int, kv_heads: int, head_dim: int,
-                     degree: int, elem_bytes: int) -> dict[str, int]:
+def all_to_all_bytes(
+    *, micro_seqs: int, seq_len: int, n_heads: int, kv_heads: int, head_dim: int, degree: int, elem_bytes: int
+) -> dict[str, int]:
     """Bytes one rank hands to all-to-all in one attention layer's forward, per tensor.
 
     Each rank sends its ``seq_len/degree``-token shard of q (``n_heads`` heads), k and v
@@ -52,10 +53,12 @@ def all_to_all_bytes(*, micro_seqs: int, seq_len: int, n_heads: int, kv_heads: i
     way. ``1/degree`` of each stays on the rank. The backward pass moves the same volume.
     """
     tokens = micro_seqs * seq_len // degree
-    return {"q": tokens * n_heads * head_dim * elem_bytes,
-            "k": tokens * kv_heads * head_dim * elem_bytes,
-            "v": tokens * kv_heads * head_dim * elem_bytes,
-            "out": tokens * n_heads * head_dim * elem_bytes}
+    return {
+        "q": tokens * n_heads * head_dim * elem_bytes,
+        "k": tokens * kv_heads * head_dim * elem_bytes,
+        "v": tokens * kv_heads * head_dim * elem_bytes,
+        "out": tokens * n_heads * head_dim * elem_bytes,
+    }
 
 
 def _mib(n: int) -> str:
@@ -76,25 +79,32 @@ class UlyssesStrategy(ParallelPlugin):
         if p < 1:
             raise ConfigError("parallel.ulysses.degree", f"must be at least 1, got {p}")
         if world.size % p:
-            raise ConfigError("parallel.ulysses.degree",
-                              f"{p} must divide the world size {world.size} ({world.nnodes} node(s) x "
-                              f"{world.nproc_per_node} processes)")
+            raise ConfigError(
+                "parallel.ulysses.degree",
+                f"{p} must divide the world size {world.size} ({world.nnodes} node(s) x "
+                f"{world.nproc_per_node} processes)",
+            )
         if m.n_heads % p:
-            raise ConfigError("parallel.ulysses.degree",
-                              f"{p} must divide model.n_heads={m.n_heads}: each rank attends with "
-                              f"n_heads/degree heads")
+            raise ConfigError(
+                "parallel.ulysses.degree",
+                f"{p} must divide model.n_heads={m.n_heads}: each rank attends with n_heads/degree heads",
+            )
         if seq % p:
-            raise ConfigError("data.seq_len",
-                              f"{seq} must be divisible by parallel.ulysses.degree={p}: each rank holds "
-                              f"seq_len/degree tokens (Ulysses shards contiguously; no 2*degree load "
-                              f"balancing is needed)")
+            raise ConfigError(
+                "data.seq_len",
+                f"{seq} must be divisible by parallel.ulysses.degree={p}: each rank holds "
+                f"seq_len/degree tokens (Ulysses shards contiguously; no 2*degree load "
+                f"balancing is needed)",
+            )
         n_kv = m.n_kv_heads or m.n_heads
         kv = replicated_kv_heads(n_kv, p)
         if kv != n_kv and m.attn_backend == "te":
-            raise ConfigError("model.attn_backend",
-                              f"'te' does its own Ulysses all-to-all and needs model.n_kv_heads={n_kv} to be "
-                              f"a multiple of parallel.ulysses.degree={p}; use torch or flash_2 (olmx then "
-                              f"replicates kv heads to {kv})")
+            raise ConfigError(
+                "model.attn_backend",
+                f"'te' does its own Ulysses all-to-all and needs model.n_kv_heads={n_kv} to be "
+                f"a multiple of parallel.ulysses.degree={p}; use torch or flash_2 (olmx then "
+                f"replicates kv heads to {kv})",
+            )
         return {"cp": p}
 
     def resolve(self, cfg: UlyssesConfig, ctx: Context) -> Contribution:
@@ -105,22 +115,33 @@ class UlyssesStrategy(ParallelPlugin):
         head_dim = m.d_model // m.n_heads
         micro = ctx.run.trainer.micro_batch_size
         elem = ctx.dtypes.compute_bytes
-        vol = all_to_all_bytes(micro_seqs=micro, seq_len=seq, n_heads=m.n_heads, kv_heads=kv,
-                               head_dim=head_dim, degree=p, elem_bytes=elem)
+        vol = all_to_all_bytes(
+            micro_seqs=micro, seq_len=seq, n_heads=m.n_heads, kv_heads=kv, head_dim=head_dim, degree=p, elem_bytes=elem
+        )
         total = sum(vol.values())
         groups = world.size // p
         rows = [
             ("degree", f"{p} ranks per sequence, {groups} sequence group(s)"),
-            ("tokens per rank", f"{seq:,} / {p} = {seq // p:,} per sequence, {micro * seq // p:,} per micro-batch "
-                                f"of {micro}"),
-            ("heads per rank in attention", f"{m.n_heads // p} of {m.n_heads} query, {kv // p} of {kv} kv"
-                                            + (f" (kv heads {n_kv} replicated x{kv // n_kv})" if kv != n_kv else "")),
-            ("all-to-all per layer", f"{_mib(total)} per rank forward + the same backward "
-                                     f"(q {_mib(vol['q'])}, k {_mib(vol['k'])}, v {_mib(vol['v'])}, "
-                                     f"out {_mib(vol['out'])}; {elem}-byte activations; "
-                                     f"{p - 1}/{p} leaves the rank)"),
-            ("all-to-all per micro-batch", f"{_mib(2 * total * m.n_layers)} per rank ({m.n_layers} layers, "
-                                           f"forward + backward)"),
+            (
+                "tokens per rank",
+                f"{seq:,} / {p} = {seq // p:,} per sequence, {micro * seq // p:,} per micro-batch of {micro}",
+            ),
+            (
+                "heads per rank in attention",
+                f"{m.n_heads // p} of {m.n_heads} query, {kv // p} of {kv} kv"
+                + (f" (kv heads {n_kv} replicated x{kv // n_kv})" if kv != n_kv else ""),
+            ),
+            (
+                "all-to-all per layer",
+                f"{_mib(total)} per rank forward + the same backward "
+                f"(q {_mib(vol['q'])}, k {_mib(vol['k'])}, v {_mib(vol['v'])}, "
+                f"out {_mib(vol['out'])}; {elem}-byte activations; "
+                f"{p - 1}/{p} leaves the rank)",
+            ),
+            (
+                "all-to-all per micro-batch",
+                f"{_mib(2 * total * m.n_layers)} per rank ({m.n_layers} layers, forward + backward)",
+            ),
         ]
         return Contribution(rows=rows)
 

@@ -23,8 +23,7 @@ class FP32Precision(PrecisionPlugin):
 
     def resolve(self, cfg: Any, ctx: Context) -> Contribution:
         """Nothing to check: fp32 runs everywhere."""
-        return Contribution(rows=[("parameters", "float32"), ("compute", "float32"),
-                                  ("gradient reduction", "float32")])
+        return Contribution(rows=[("parameters", "float32"), ("compute", "float32"), ("gradient reduction", "float32")])
 
 
 FP32 = FP32Precision()

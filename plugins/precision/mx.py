@@ -47,8 +47,13 @@ def split_linears(model: nn.Module, cfg: MXFP8Config) -> tuple[list[str], dict[s
     convert, kept = [], {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            why = keep_reason(name, module.in_features, module.out_features, exclude=cfg.exclude,
-                              subclass=type(module) is not nn.Linear)
+            why = keep_reason(
+                name,
+                module.in_features,
+                module.out_features,
+                exclude=cfg.exclude,
+                subclass=type(module) is not nn.Linear,
+            )
             if why is None:
                 convert.append(name)
             else:
@@ -69,23 +74,32 @@ def apply_mxfp8(model: nn.Module, cfg: MXFP8Config, *, emulate: bool) -> list[st
     if emulate:
         from torchao.quantization import quantize_
 
-        log.warning("precision=mxfp8 with emulate=true: torchao's emulated MX recipe is slow; it is for checking "
-                    "numerics, not for speed")
+        log.warning(
+            "precision=mxfp8 with emulate=true: torchao's emulated MX recipe is slow; it is for checking "
+            "numerics, not for speed"
+        )
         wanted = set(convert)
         quantize_(model, ao.to_ao_type(), filter_fn=lambda module, fqn: fqn in wanted)
     else:
         if torch.cuda.is_available() and torch.cuda.get_device_capability() < MIN_COMPUTE_CAPABILITY:
             need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
-            raise ConfigError("precision.mxfp8", f"this worker's GPU {torch.cuda.get_device_name()} has compute "
-                              f"capability {torch.cuda.get_device_capability()}, MXFP8 needs {need}+; "
-                              f"set precision.mxfp8.emulate=true to emulate")
+            raise ConfigError(
+                "precision.mxfp8",
+                f"this worker's GPU {torch.cuda.get_device_name()} has compute "
+                f"capability {torch.cuda.get_device_capability()}, MXFP8 needs {need}+; "
+                f"set precision.mxfp8.emulate=true to emulate",
+            )
         from olmo_core.float8 import Float8Config
 
-        model.apply_fp8(Float8Config(ao_mx=ao, modules_to_ignore=sorted(kept)))  # type: ignore[operator]
+        model.apply_fp8(Float8Config(ao_mx=ao, modules_to_ignore=sorted(kept)))
     done = sorted(n for n, m in model.named_modules() if isinstance(m, MXLinear))
     if done != sorted(convert):
         raise RuntimeError(f"MXFP8 conversion mismatch: converted {done}, planned {sorted(convert)}")
-    log.info("MXFP8 (%s): %d linear layers converted: %s; kept in high precision: %s",
-             "emulated" if emulate else "SM100", len(done), ", ".join(done),
-             "; ".join(f"{n} ({why})" for n, why in kept.items()))
+    log.info(
+        "MXFP8 (%s): %d linear layers converted: %s; kept in high precision: %s",
+        "emulated" if emulate else "SM100",
+        len(done),
+        ", ".join(done),
+        "; ".join(f"{n} ({why})" for n, why in kept.items()),
+    )
     return done

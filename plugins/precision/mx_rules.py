@@ -43,8 +43,9 @@ class MXFP8Config:
     exclude: list[str] = field(default_factory=list)
 
 
-def keep_reason(name: str, in_features: int, out_features: int, *, exclude: list[str] | tuple[str, ...] = (),
-                subclass: bool = False) -> str | None:
+def keep_reason(
+    name: str, in_features: int, out_features: int, *, exclude: list[str] | tuple[str, ...] = (), subclass: bool = False
+) -> str | None:
     """Why the linear layer ``name`` stays in high precision, or None if it becomes MXFP8.
     The one rule, used by the plan (torch-free) and by the conversion of the built model."""
     for pattern in exclude:
@@ -55,8 +56,7 @@ def keep_reason(name: str, in_features: int, out_features: int, *, exclude: list
             return reason
     if subclass:
         return "nn.Linear subclass: torchao converts by replacing the class, dropping its own methods"
-    bad = [f"{key}={n}" for key, n in (("in_features", in_features), ("out_features", out_features))
-           if n % BLOCK_SIZE]
+    bad = [f"{key}={n}" for key, n in (("in_features", in_features), ("out_features", out_features)) if n % BLOCK_SIZE]
     if bad:
         return f"{', '.join(bad)} not a multiple of the MX block size {BLOCK_SIZE}"
     return None

@@ -83,7 +83,8 @@ class MXFP8Precision(PrecisionPlugin):
                 "precision.mxfp8.param_dtype",
                 "bfloat16 without a data-parallel strategy that shards parameters (parallel=[fsdp] or [hsdp]) means "
                 "CPU autocast, which torchao 0.15's MXLinear ignores (it follows CUDA autocast only), so bfloat16 "
-                "activations would meet float32 weights; set precision.mxfp8.param_dtype=float32 or use fsdp")
+                "activations would meet float32 weights; set precision.mxfp8.param_dtype=float32 or use fsdp",
+            )
         return Dtypes(param=param, reduce=cfg.reduce_dtype)
 
     def resolve(self, cfg: MXFP8Config, ctx: Context) -> Contribution:
@@ -91,8 +92,10 @@ class MXFP8Precision(PrecisionPlugin):
         and the kept linear layers; state what is kept in which dtype."""
         run, world = ctx.run, ctx.world
         if cfg.scale_calculation_mode not in SCALE_MODES:
-            raise ConfigError("precision.mxfp8.scale_calculation_mode",
-                              f"'{cfg.scale_calculation_mode}' is not one of {', '.join(SCALE_MODES)}")
+            raise ConfigError(
+                "precision.mxfp8.scale_calculation_mode",
+                f"'{cfg.scale_calculation_mode}' is not one of {', '.join(SCALE_MODES)}",
+            )
         cc = world.compute_capability
         native = world.device == "cuda" and (cc is None or cc >= MIN_COMPUTE_CAPABILITY)
         if not native and not cfg.emulate:
@@ -101,40 +104,54 @@ class MXFP8Precision(PrecisionPlugin):
                 "precision.mxfp8",
                 f"MXFP8 needs an NVIDIA GPU with compute capability {need} or newer (SM100: B200, GB200, B300), whose "
                 f"tensor cores multiply block-scaled FP8; found {hardware(world)}. Use precision=bf16, or set "
-                f"precision.mxfp8.emulate=true to run torchao's emulated MX recipe (same numerics, slow)")
+                f"precision.mxfp8.emulate=true to run torchao's emulated MX recipe (same numerics, slow)",
+            )
         tokens, how = ctx.tokens_per_rank()
         if tokens % BLOCK_SIZE:
             raise ConfigError(
                 "trainer.micro_batch_size",
                 f"MXFP8 quantizes the weight-gradient GEMM along the tokens of a micro-batch, which must be a "
-                f"multiple of the block size {BLOCK_SIZE}: {how} = {tokens} tokens")
+                f"multiple of the block size {BLOCK_SIZE}: {how} = {tokens} tokens",
+            )
         if run.model.d_model % BLOCK_SIZE:
             raise ConfigError(
                 "model.d_model",
                 f"{run.model.d_model} is not a multiple of the MX block size {BLOCK_SIZE}; every attention and "
                 f"feed-forward linear layer has d_model as a dimension, so MXFP8 could convert none of them "
-                f"(use precision=bf16, or a d_model divisible by {BLOCK_SIZE})")
+                f"(use precision=bf16, or a d_model divisible by {BLOCK_SIZE})",
+            )
 
-        converted, kept = [], {}
+        converted: list[LinearLayer] = []
+        kept: dict[str, list[LinearLayer]] = {}
         for layer in ctx.linear_layers():
-            why = keep_reason(layer.name, layer.in_features, layer.out_features, exclude=cfg.exclude,
-                              subclass=layer.subclass)
+            why = keep_reason(
+                layer.name, layer.in_features, layer.out_features, exclude=cfg.exclude, subclass=layer.subclass
+            )
             if why is None:
                 converted.append(layer)
             else:
                 kept.setdefault(why, []).append(layer)
         if not converted:
-            raise ConfigError("precision.mxfp8", "no linear layer of the model would be converted: "
-                              + "; ".join(f"{_shown(v)}: {k}" for k, v in kept.items()))
+            raise ConfigError(
+                "precision.mxfp8",
+                "no linear layer of the model would be converted: "
+                + "; ".join(f"{_shown(v)}: {k}" for k, v in kept.items()),
+            )
 
-        kernels = ("EMULATED: torchao quantizes and dequantizes each operand in software, then multiplies in high "
-                   "precision (slow; for checking numerics)" if cfg.emulate else
-                   "cuBLAS block-scaled FP8 GEMMs through OLMo-core Float8Config(ao_mx=AOMXLinearConfig("
-                   "kernel_preference=auto, mxfp8_cast_kernel_choice=cuda, "
-                   f"scale_calculation_mode={cfg.scale_calculation_mode}))")
+        kernels = (
+            "EMULATED: torchao quantizes and dequantizes each operand in software, then multiplies in high "
+            "precision (slow; for checking numerics)"
+            if cfg.emulate
+            else "cuBLAS block-scaled FP8 GEMMs through OLMo-core Float8Config(ao_mx=AOMXLinearConfig("
+            "kernel_preference=auto, mxfp8_cast_kernel_choice=cuda, "
+            f"scale_calculation_mode={cfg.scale_calculation_mode}))"
+        )
         rows = [
-            ("format", f"OCP MX FP8: E4M3 elements, blocks of {BLOCK_SIZE} sharing one E8M0 scale "
-                       f"({cfg.scale_calculation_mode}); X, W and dY quantized per GEMM along its contraction dim"),
+            (
+                "format",
+                f"OCP MX FP8: E4M3 elements, blocks of {BLOCK_SIZE} sharing one E8M0 scale "
+                f"({cfg.scale_calculation_mode}); X, W and dY quantized per GEMM along its contraction dim",
+            ),
             ("hardware", hardware(world) + ("" if cc or world.device != "cuda" else ", checked on the worker")),
             ("kernels", kernels),
             ("MXFP8 linear layers", f"{len(converted)}: {_shown(converted)}"),

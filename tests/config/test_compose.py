@@ -23,8 +23,14 @@ def test_default_composes_to_the_embedded_run():
 
 
 def test_overrides_use_hydra_grammar():
-    run = typed("model=olmo3_1b", "trainer.max_steps=50", "data.seq_len=512", "parallel=[fsdp]",
-                "+extra.key=1", "parallel.fsdp.wrapping_strategy=blocks")
+    run = typed(
+        "model=olmo3_1b",
+        "trainer.max_steps=50",
+        "data.seq_len=512",
+        "parallel=[fsdp]",
+        "+extra.key=1",
+        "parallel.fsdp.wrapping_strategy=blocks",
+    )
     assert run.model.d_model == 2048 and run.model.block == "reordered_norm"
     assert run.trainer.max_steps == 50 and run.data.seq_len == 512
     assert list(run.parallel) == ["fsdp"] and run.parallel["fsdp"].wrapping_strategy == "blocks"

@@ -7,8 +7,8 @@ from datetime import datetime
 from olmx.config.compose import compose, to_object
 from olmx.plan import Plan
 from olmx.plan.resolve import padded_vocab, resolve
-from olmx.rundir import RunDir
 from olmx.registry import registry
+from olmx.rundir import RunDir
 
 
 def plan_for(*overrides: str) -> Plan:
@@ -29,7 +29,9 @@ def test_default_plan(tmp_path, monkeypatch):
 
 
 def test_gradient_accumulation_and_single_process():
-    plan = plan_for("infra.nproc_per_node=1", "parallel=[]", "trainer.global_batch_size=32", "trainer.micro_batch_size=4")
+    plan = plan_for(
+        "infra.nproc_per_node=1", "parallel=[]", "trainer.global_batch_size=32", "trainer.micro_batch_size=4"
+    )
     assert plan.world.size == 1 and plan.batch.dp_ranks == 1 and plan.batch.grad_accum == 8
     assert plan.mesh.dims() == {"dp": 1}
 

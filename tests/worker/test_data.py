@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from olmx.worker.data import stdlib_files, token_files
 from olmx.config.schema import DataConfig
+from olmx.worker.data import stdlib_files, token_files
 from tests.conftest import olmx_cli
 
 
@@ -41,11 +41,26 @@ def test_numpy_token_files_train(tmp_path):
     tokens = (np.arange(200_000) % 97 + rng.integers(0, 3, 200_000)).astype(np.uint16)
     tokens.tofile(tmp_path / "part-0.npy")
     run = tmp_path / "run"
-    proc = olmx_cli("train", "data=numpy", f"data.paths=[{tmp_path}/part-*.npy]", "data.seq_len=64",
-                    "data.tokenizer.vocab_size=500", "data.tokenizer.eos_id=499", "data.tokenizer.pad_id=498",
-                    "model.d_model=64", "model.n_layers=1", "model.hidden_size=128", "infra.nproc_per_node=1",
-                    "parallel=[]", "trainer.global_batch_size=4", "trainer.micro_batch_size=4",
-                    "trainer.max_steps=15", "trainer.warmup_steps=2", "trainer.report=false", f"trainer.run_dir={run}")
+    proc = olmx_cli(
+        "train",
+        "data=numpy",
+        f"data.paths=[{tmp_path}/part-*.npy]",
+        "data.seq_len=64",
+        "data.tokenizer.vocab_size=500",
+        "data.tokenizer.eos_id=499",
+        "data.tokenizer.pad_id=498",
+        "model.d_model=64",
+        "model.n_layers=1",
+        "model.hidden_size=128",
+        "infra.nproc_per_node=1",
+        "parallel=[]",
+        "trainer.global_batch_size=4",
+        "trainer.micro_batch_size=4",
+        "trainer.max_steps=15",
+        "trainer.warmup_steps=2",
+        "trainer.report=false",
+        f"trainer.run_dir={run}",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "512 (padded)" in proc.stdout
     losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]

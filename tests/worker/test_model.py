@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from olmx.worker.model import build_model_config
 from olmx.config.compose import conf_dir
 from olmx.config.schema import ModelConfig
 from olmx.plan.resolve import count_params
+from olmx.worker.model import build_model_config
 
 PRESETS = sorted(p.stem for p in (conf_dir() / "model").glob("olmo3_*.yaml"))
 

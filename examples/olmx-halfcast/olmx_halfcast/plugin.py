@@ -43,10 +43,12 @@ class HalfcastPrecision(PrecisionPlugin):
     def dtypes(self, cfg: HalfcastConfig, run: Any, world: World, mesh: Mesh) -> Dtypes:
         """bfloat16 compute; the reduction by what the mesh can do."""
         if cfg.require_sharding and world.size > 1 and not mesh.shards_params:
-            raise ConfigError("precision.halfcast.require_sharding",
-                              f"the {mesh.dp} data-parallel ranks keep full replicas, so gradients would be "
-                              "reduced in float32; use a data-parallel strategy that shards parameters, or "
-                              "set precision.halfcast.require_sharding=false")
+            raise ConfigError(
+                "precision.halfcast.require_sharding",
+                f"the {mesh.dp} data-parallel ranks keep full replicas, so gradients would be "
+                "reduced in float32; use a data-parallel strategy that shards parameters, or "
+                "set precision.halfcast.require_sharding=false",
+            )
         half = cfg.half_reduce and mesh.shards_params
         return Dtypes(param="bfloat16", reduce="bfloat16" if half else "float32")
 

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from olmx_halfcast.plugin import HALFCAST, HalfcastConfig
 from packaging.specifiers import SpecifierSet
 
 import olmx
 from olmx.api import Dtypes, Mesh, PrecisionPlugin, World
 from olmx.errors import ConfigError
-from olmx_halfcast.plugin import HALFCAST, HalfcastConfig
 
 WORLD = World(nnodes=1, nproc_per_node=4)
 SHARDED = Mesh(dp_replicate=1, dp_shard=4, shards_params=True)
@@ -40,7 +40,10 @@ def test_dtypes_follow_the_mesh():
 
 
 def test_resolve_states_the_traffic():
-    ctx = SimpleNamespace(dtypes=Dtypes(param="bfloat16", reduce="bfloat16"), world=WORLD,
-                          dtype_rows=lambda: [("compute", "bfloat16")])
+    ctx = SimpleNamespace(
+        dtypes=Dtypes(param="bfloat16", reduce="bfloat16"), world=WORLD, dtype_rows=lambda: [("compute", "bfloat16")]
+    )
     assert HALFCAST.resolve(HalfcastConfig(), ctx).rows[-1] == (
-        "reduction traffic", "half of float32's (bfloat16 reduce-scatter)")
+        "reduction traffic",
+        "half of float32's (bfloat16 reduce-scatter)",
+    )

@@ -28,8 +28,15 @@ from torch import nn
 class LayerScaleResidualStream(ResidualStream):
     """``residual + alpha * dropout(scale * branch)`` with a learnable per-channel ``scale``."""
 
-    def __init__(self, d_model: int, *, init: float, alpha: float = 1.0, dropout: nn.Module | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        init: float,
+        alpha: float = 1.0,
+        dropout: nn.Module | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__(alpha=alpha)
         if dropout is not None:
             self.dropout = dropout
@@ -39,8 +46,9 @@ class LayerScaleResidualStream(ResidualStream):
         self.reset_parameters()
 
     @classmethod
-    def replacing(cls, stream: ResidualStream, d_model: int, *, init: float,
-                  device: torch.device | str | None = None) -> LayerScaleResidualStream:
+    def replacing(
+        cls, stream: ResidualStream, d_model: int, *, init: float, device: torch.device | str | None = None
+    ) -> LayerScaleResidualStream:
         """A LayerScale stream that keeps ``stream``'s ``alpha`` and dropout module."""
         return cls(d_model, init=init, alpha=stream.alpha, dropout=stream.dropout, device=device)
 

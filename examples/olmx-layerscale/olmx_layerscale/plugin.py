@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from olmx.errors import ConfigError
 from olmx.api import Context, Contribution, LayerPlugin
+from olmx.errors import ConfigError
 
 #: Residual branches of an OLMo-core block, by the prefix of their ``*_residual_stream`` module.
 BRANCHES = ("attention", "feed_forward")
@@ -77,19 +77,24 @@ class LayerScaleLayer(LayerPlugin):
                 raise ConfigError("layers.layerscale.blocks", "is empty; set null to use layers.layerscale.every")
         unknown = [b for b in cfg.branches if b not in BRANCHES]
         if unknown or not cfg.branches or len(set(cfg.branches)) != len(cfg.branches):
-            raise ConfigError("layers.layerscale.branches",
-                              f"{list(cfg.branches)} must be distinct names among {', '.join(BRANCHES)}")
+            raise ConfigError(
+                "layers.layerscale.branches", f"{list(cfg.branches)} must be distinct names among {', '.join(BRANCHES)}"
+            )
         if cfg.weight_decay < 0:
             raise ConfigError("layers.layerscale.weight_decay", f"must be >= 0, got {cfg.weight_decay}")
         blocks = chosen_blocks(cfg, n_layers)
         params = len(blocks) * len(cfg.branches) * d_model
         how = "chosen" if cfg.blocks is not None else f"every {cfg.every}"
-        return Contribution(rows=[
-            ("blocks", f"{', '.join(map(str, blocks))} ({how}, of {n_layers})"),
-            ("branches", ", ".join(cfg.branches)),
-            ("init", f"{cfg.init:g}, weight decay {cfg.weight_decay:g}"),
-            ("parameters", f"{params:,} = {len(blocks)} blocks x {len(cfg.branches)} branches x d_model {d_model}"),
-        ], params=params, active_params=params)
+        return Contribution(
+            rows=[
+                ("blocks", f"{', '.join(map(str, blocks))} ({how}, of {n_layers})"),
+                ("branches", ", ".join(cfg.branches)),
+                ("init", f"{cfg.init:g}, weight decay {cfg.weight_decay:g}"),
+                ("parameters", f"{params:,} = {len(blocks)} blocks x {len(cfg.branches)} branches x d_model {d_model}"),
+            ],
+            params=params,
+            active_params=params,
+        )
 
     def apply_model_config(self, cfg: LayerScaleConfig, model_config: Any, plan: Any) -> Any:
         """The model config is unchanged: LayerScale edits the built model."""
@@ -107,11 +112,16 @@ class LayerScaleLayer(LayerPlugin):
             for branch in cfg.branches:
                 stream = getattr(block, f"{branch}_residual_stream", None)
                 if not isinstance(stream, ResidualStream) or isinstance(stream, LayerScaleResidualStream):
-                    raise ConfigError("layers.layerscale", f"block {index} ({type(block).__name__}) has no plain "
-                                      f"{branch} residual stream to scale")
+                    raise ConfigError(
+                        "layers.layerscale",
+                        f"block {index} ({type(block).__name__}) has no plain {branch} residual stream to scale",
+                    )
                 device = next(block.parameters()).device
-                setattr(block, f"{branch}_residual_stream",
-                        LayerScaleResidualStream.replacing(stream, block.d_model, init=cfg.init, device=device))
+                setattr(
+                    block,
+                    f"{branch}_residual_stream",
+                    LayerScaleResidualStream.replacing(stream, block.d_model, init=cfg.init, device=device),
+                )
 
     def apply_train_module(self, cfg: LayerScaleConfig, train_module: dict[str, Any], plan: Any) -> None:
         """Give the scales an optimizer group of their own with ``weight_decay``."""

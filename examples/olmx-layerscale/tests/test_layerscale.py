@@ -13,8 +13,8 @@ from olmx_layerscale.plugin import LAYERSCALE, LayerScaleConfig, chosen_blocks
 from packaging.specifiers import SpecifierSet
 
 import olmx
-from olmx.errors import ConfigError
 from olmx.api import LayerPlugin, World
+from olmx.errors import ConfigError
 
 WORLD = World(nnodes=1, nproc_per_node=2)
 
@@ -59,14 +59,17 @@ def test_resolve_counts_the_added_parameters():
     assert c.params == 64
 
 
-@pytest.mark.parametrize(("cfg", "message"), [
-    (LayerScaleConfig(every=0), "layers.layerscale.every: must be a positive integer, got 0"),
-    (LayerScaleConfig(blocks=[1, 4, 9]), r"layers.layerscale.blocks: \[4, 9\] outside \[0, model.n_layers=4\)"),
-    (LayerScaleConfig(blocks=[]), "layers.layerscale.blocks: is empty"),
-    (LayerScaleConfig(branches=["mlp"]), "layers.layerscale.branches: .* among attention, feed_forward"),
-    (LayerScaleConfig(init=float("nan")), "layers.layerscale.init: must be a finite number"),
-    (LayerScaleConfig(weight_decay=-1.0), "layers.layerscale.weight_decay: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (LayerScaleConfig(every=0), "layers.layerscale.every: must be a positive integer, got 0"),
+        (LayerScaleConfig(blocks=[1, 4, 9]), r"layers.layerscale.blocks: \[4, 9\] outside \[0, model.n_layers=4\)"),
+        (LayerScaleConfig(blocks=[]), "layers.layerscale.blocks: is empty"),
+        (LayerScaleConfig(branches=["mlp"]), "layers.layerscale.branches: .* among attention, feed_forward"),
+        (LayerScaleConfig(init=float("nan")), "layers.layerscale.init: must be a finite number"),
+        (LayerScaleConfig(weight_decay=-1.0), "layers.layerscale.weight_decay: must be >= 0"),
+    ],
+)
 def test_resolve_rejects_bad_settings(cfg, message):
     with pytest.raises(ConfigError, match=message):
         LAYERSCALE.resolve(cfg, ctx_of(run_of()))
@@ -90,8 +93,9 @@ def test_the_stream_adds_the_scaled_branch_and_learns_its_scale():
 def tiny_model(n_layers: int = 3, d_model: int = 32, block: str = "default"):
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
-    return TransformerConfig.llama_like(d_model=d_model, vocab_size=128, n_layers=n_layers, n_heads=4,
-                                        block_name=TransformerBlockType(block)).build(init_device="meta")
+    return TransformerConfig.llama_like(
+        d_model=d_model, vocab_size=128, n_layers=n_layers, n_heads=4, block_name=TransformerBlockType(block)
+    ).build(init_device="meta")
 
 
 @pytest.mark.parametrize("block", ["default", "reordered_norm"])

@@ -120,9 +120,7 @@ class RunPodAuthError(RunPodError):
 class RunPodRequestError(RunPodError):
     """RunPod refused a request (HTTP 4xx); the message carries RunPod's explanation."""
 
-    def __init__(
-        self, message: str, *, status: int, detail: str = "", errors: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, message: str, *, status: int, detail: str = "", errors: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.detail = detail
@@ -231,16 +229,9 @@ def ssh_endpoint(pod: Mapping[str, Any]) -> SshEndpoint | None:
     """
     direct = (pod.get("ssh") or {}).get("direct")
     if direct and direct.get("host") and direct.get("port"):
-        return SshEndpoint(
-            str(direct["host"]), int(direct["port"]), str(direct.get("username") or "root")
-        )
+        return SshEndpoint(str(direct["host"]), int(direct["port"]), str(direct.get("username") or "root"))
     for port in (pod.get("runtime") or {}).get("ports") or []:
-        if (
-            port.get("private") == 22
-            and port.get("type") == "tcp"
-            and port.get("ip")
-            and port.get("public")
-        ):
+        if port.get("private") == 22 and port.get("type") == "tcp" and port.get("ip") and port.get("public"):
             return SshEndpoint(str(port["ip"]), int(port["public"]))
     return None
 
@@ -256,9 +247,7 @@ def resolve_base_url(base_url: str | None = None) -> str:
     url = (base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).strip().rstrip("/")
     url = url.removesuffix("/v2")
     parts = urllib.parse.urlsplit(url)
-    if not parts.hostname or not (
-        parts.scheme == "https" or (parts.scheme == "http" and parts.hostname in _LOOPBACK)
-    ):
+    if not parts.hostname or not (parts.scheme == "https" or (parts.scheme == "http" and parts.hostname in _LOOPBACK)):
         raise RunPodError(
             f"{BASE_URL_ENV}={url!r} is not usable: it must be an https:// URL "
             "(plain http:// only for localhost), so that the API key is never sent in clear text"
@@ -282,9 +271,7 @@ def redacted_request(
     if body is not None:
         shown = dict(body)
         if isinstance(shown.get("env"), Mapping):
-            shown["env"] = {
-                k: _REDACTED if _SECRET_ENV_NAME.search(k) else v for k, v in shown["env"].items()
-            }
+            shown["env"] = {k: _REDACTED if _SECRET_ENV_NAME.search(k) else v for k, v in shown["env"].items()}
         lines += ["Content-Type: application/json", "", json.dumps(shown, indent=2)]
     text = "\n".join(lines)
     key = os.environ.get(API_KEY_ENV, "").strip()
@@ -323,9 +310,7 @@ def _load_key(key_file: str | os.PathLike[str] | None) -> tuple[_Secret, str]:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            raise RunPodAuthError(
-                f"cannot read the RunPod API key file {path}: {exc.strerror}"
-            ) from None
+            raise RunPodAuthError(f"cannot read the RunPod API key file {path}: {exc.strerror}") from None
     if not key:
         raise RunPodAuthError(
             f"no RunPod API key: set {API_KEY_ENV} or write the key to {path} (chmod 600); "
@@ -406,8 +391,7 @@ class RunPodClient:
         del api_key  # no frame of a traceback raised below may hold the key in its locals
         if not re.fullmatch(r"[\x21-\x7e]+", self._key.reveal() or ""):
             raise RunPodAuthError(
-                f"the RunPod API key from {key_source} is empty or contains spaces or "
-                "non-ASCII characters"
+                f"the RunPod API key from {key_source} is empty or contains spaces or non-ASCII characters"
             )
         self._key_source = key_source
         self.base_url = resolve_base_url(base_url)
@@ -418,9 +402,7 @@ class RunPodClient:
         self._opener = urllib.request.build_opener(proxies, _NoRedirect())
 
     @classmethod
-    def from_env(
-        cls, *, key_file: str | os.PathLike[str] | None = None, **kwargs: Any
-    ) -> RunPodClient:
+    def from_env(cls, *, key_file: str | os.PathLike[str] | None = None, **kwargs: Any) -> RunPodClient:
         """A client whose key is ``$RUNPOD_API_KEY`` or the content of ``key_file``
         (default ``~/.runpod/olmx_api_key``); other arguments as for the constructor."""
         secret, source = _load_key(key_file)
@@ -444,14 +426,10 @@ class RunPodClient:
         """The pod object; :class:`RunPodNotFoundError` names ``pod_id`` when there is none."""
         return self._request("GET", f"{PODS_PATH}/{_quote(pod_id)}", resource=f"pod {pod_id!r}")
 
-    def list_pods(
-        self, *, name: str | None = None, include_cluster_pods: bool = False
-    ) -> list[JSON]:
+    def list_pods(self, *, name: str | None = None, include_cluster_pods: bool = False) -> list[JSON]:
         """All pods of the account (cluster members only if asked), optionally one name's."""
         query = {"includeClusterPods": "true"} if include_cluster_pods else {}
-        return [
-            p for p in self._list(PODS_PATH, "pods", query) if name is None or p.get("name") == name
-        ]
+        return [p for p in self._list(PODS_PATH, "pods", query) if name is None or p.get("name") == name]
 
     def stop_pod(self, pod_id: str) -> JSON:
         """Stop a pod (its container disk is wiped); returns the pod. Stopping a stopped pod
@@ -467,9 +445,7 @@ class RunPodClient:
         """Terminate and delete a pod for good."""
         self._request("DELETE", f"{PODS_PATH}/{_quote(pod_id)}", resource=f"pod {pod_id!r}")
 
-    def wait_until_running(
-        self, pod_id: str, *, timeout: float = 900.0, poll: float = 5.0
-    ) -> ReadyPod:
+    def wait_until_running(self, pod_id: str, *, timeout: float = 900.0, poll: float = 5.0) -> ReadyPod:
         """Poll until the pod is ``RUNNING`` with its SSH endpoint published.
 
         Raises :class:`RunPodWaitTimeout` after ``timeout`` seconds and
@@ -489,9 +465,7 @@ class RunPodClient:
                     f"pod {pod_id} is running but does not publish {SSH_PORT}; olmx cannot reach it"
                 )
             if time.monotonic() + poll > deadline:
-                raise RunPodWaitTimeout(
-                    f"pod {pod_id} is still {status} (not running with SSH) after {timeout:g} s"
-                )
+                raise RunPodWaitTimeout(f"pod {pod_id} is still {status} (not running with SSH) after {timeout:g} s")
             time.sleep(poll)
 
     # -- clusters ------------------------------------------------------------------
@@ -499,23 +473,15 @@ class RunPodClient:
     def create_cluster(self, spec: ClusterSpec | Mapping[str, Any]) -> JSON:
         """Create an instant cluster from a :class:`ClusterSpec` (or a ready v2 body)."""
         body = build_cluster_request(spec) if isinstance(spec, ClusterSpec) else dict(spec)
-        return self._create(
-            "cluster", CLUSTERS_PATH, body, self.list_clusters, self.terminate_cluster
-        )
+        return self._create("cluster", CLUSTERS_PATH, body, self.list_clusters, self.terminate_cluster)
 
     def get_cluster(self, cluster_id: str) -> JSON:
         """The cluster object (its ``pods`` field is only a summary)."""
-        return self._request(
-            "GET", f"{CLUSTERS_PATH}/{_quote(cluster_id)}", resource=f"cluster {cluster_id!r}"
-        )
+        return self._request("GET", f"{CLUSTERS_PATH}/{_quote(cluster_id)}", resource=f"cluster {cluster_id!r}")
 
     def list_clusters(self, *, name: str | None = None) -> list[JSON]:
         """All instant clusters of the account, optionally only those called ``name``."""
-        return [
-            c
-            for c in self._list(CLUSTERS_PATH, "clusters", {})
-            if name is None or c.get("name") == name
-        ]
+        return [c for c in self._list(CLUSTERS_PATH, "clusters", {}) if name is None or c.get("name") == name]
 
     def list_cluster_pods(self, cluster_id: str) -> list[JSON]:
         """The member pods of a cluster, as full pod objects."""
@@ -524,9 +490,7 @@ class RunPodClient:
 
     def terminate_cluster(self, cluster_id: str) -> None:
         """Delete a cluster and terminate all its pods."""
-        self._request(
-            "DELETE", f"{CLUSTERS_PATH}/{_quote(cluster_id)}", resource=f"cluster {cluster_id!r}"
-        )
+        self._request("DELETE", f"{CLUSTERS_PATH}/{_quote(cluster_id)}", resource=f"cluster {cluster_id!r}")
 
     def wait_until_cluster_running(
         self, cluster_id: str, *, timeout: float = 1200.0, poll: float = 10.0
@@ -539,9 +503,7 @@ class RunPodClient:
             by_status: Mapping[str, int] = (cluster.get("pods") or {}).get("byStatus") or {}
             failed = {s: n for s, n in by_status.items() if s in _FAILED_STATUSES and n}
             if failed:
-                raise RunPodPodFailedError(
-                    f"cluster {cluster_id}: member pods {failed} instead of starting"
-                )
+                raise RunPodPodFailedError(f"cluster {cluster_id}: member pods {failed} instead of starting")
             if want and by_status.get("RUNNING", 0) == want:
                 nodes = self._ready_nodes(cluster_id)
                 if len(nodes) == want:
@@ -553,8 +515,7 @@ class RunPodClient:
                     )
             if time.monotonic() + poll > deadline:
                 raise RunPodWaitTimeout(
-                    f"cluster {cluster_id} is not running with SSH after {timeout:g} s "
-                    f"(pods: {dict(by_status)})"
+                    f"cluster {cluster_id} is not running with SSH after {timeout:g} s (pods: {dict(by_status)})"
                 )
             time.sleep(poll)
 
@@ -596,9 +557,7 @@ class RunPodClient:
         try:
             return wait(resource_id, timeout=timeout, poll=poll)
         except BaseException as exc:
-            self.terminate_after_failure(
-                kind, resource_id, terminate, command.format(id=resource_id), exc
-            )
+            self.terminate_after_failure(kind, resource_id, terminate, command.format(id=resource_id), exc)
             raise
 
     def terminate_after_failure(
@@ -613,9 +572,7 @@ class RunPodClient:
         it yet); a note on ``exc`` says so. When terminating fails too, raise
         :class:`RunPodOrphanError` naming the resource and ``command``."""
         what = f"{type(exc).__name__}: {self._scrub(str(exc))}".rstrip(": ")
-        _log.warning(
-            "provisioning RunPod %s %s failed (%s); terminating it", kind, resource_id, what
-        )
+        _log.warning("provisioning RunPod %s %s failed (%s); terminating it", kind, resource_id, what)
         problem = None
         try:
             terminate(resource_id)
@@ -704,9 +661,7 @@ class RunPodClient:
         """Terminate every pod (or cluster) called ``name`` whose id is not in ``known``."""
         try:
             for extra in [x["id"] for x in list_named(name=name) if x.get("id") not in known]:
-                _log.warning(
-                    "terminating RunPod %s %s left by an interrupted or retried create", kind, extra
-                )
+                _log.warning("terminating RunPod %s %s left by an interrupted or retried create", kind, extra)
                 terminate(str(extra))
         except RunPodError as exc:
             raise RunPodOrphanError(
@@ -718,9 +673,7 @@ class RunPodClient:
                 command=None,
             ) from None
 
-    def _list(
-        self, path: str, key: str, query: Mapping[str, str], resource: str | None = None
-    ) -> list[JSON]:
+    def _list(self, path: str, key: str, query: Mapping[str, str], resource: str | None = None) -> list[JSON]:
         items: list[JSON] = []
         cursors: set[str] = set()
         params = dict(query)
@@ -757,9 +710,7 @@ class RunPodClient:
         ambiguous_before = False
         for attempt in range(1, self.retry.max_attempts + 1):
             budget = self.retry.total_time - (time.monotonic() - start)
-            outcome = self._send(
-                method, url_path, payload, timeout=max(0.001, min(self.timeout, budget))
-            )
+            outcome = self._send(method, url_path, payload, timeout=max(0.001, min(self.timeout, budget)))
             retry_after = None
             if isinstance(outcome, _Response):
                 _log.debug("RunPod %s %s -> HTTP %d", method, url_path, outcome.status)
@@ -798,9 +749,7 @@ class RunPodClient:
             time.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _send(
-        self, method: str, url_path: str, payload: bytes | None, *, timeout: float
-    ) -> _Response | _Failure:
+    def _send(self, method: str, url_path: str, payload: bytes | None, *, timeout: float) -> _Response | _Failure:
         """One HTTP exchange. Never raises for network trouble: errors are built by the
         caller outside any ``except`` block, so no urllib frame (whose locals hold the
         Authorization header) ends up in a traceback."""
@@ -825,9 +774,7 @@ class RunPodClient:
             not_sent = isinstance(exc.reason, (ConnectionRefusedError, socket.gaierror))
             outcome = _Failure(f"{type(exc.reason).__name__}: {exc.reason}", ambiguous=not not_sent)
         except (OSError, http.client.HTTPException) as exc:  # timeouts, resets while reading
-            outcome = _Failure(
-                f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, ambiguous=True
-            )
+            outcome = _Failure(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, ambiguous=True)
         if outcome is None:
             raise KeyboardInterrupt
         return outcome
@@ -840,14 +787,10 @@ class RunPodClient:
         except ValueError:
             data = None
         if not isinstance(data, dict):
-            raise RunPodError(
-                f"RunPod answered {method} {path} with HTTP {response.status} but no JSON object"
-            )
+            raise RunPodError(f"RunPod answered {method} {path} with HTTP {response.status} but no JSON object")
         return data
 
-    def _raise_http(
-        self, method: str, path: str, response: _Response, resource: str | None
-    ) -> NoReturn:
+    def _raise_http(self, method: str, path: str, response: _Response, resource: str | None) -> NoReturn:
         status = response.status
         title, detail, errors = _problem(response.body)
         detail, errors = self._scrub(detail), tuple(self._scrub(e) for e in errors)
@@ -871,9 +814,7 @@ class RunPodClient:
                 detail=detail,
             )
         listed = "".join(f"\n  - {e}" for e in errors)
-        message = (
-            f"RunPod refused {where} (HTTP {status}{' ' + title if title else ''}){said}{listed}"
-        )
+        message = f"RunPod refused {where} (HTTP {status}{' ' + title if title else ''}){said}{listed}"
         cls = RunPodConflictError if status == 409 else RunPodRequestError
         raise cls(message, status=status, detail=detail, errors=errors)
 

@@ -32,8 +32,12 @@ class _UpByDefault(typer.core.TyperGroup):
 
 def app() -> typer.Typer:
     """The ``olmx provision runpod`` command group."""
-    group = typer.Typer(cls=_UpByDefault, no_args_is_help=True, add_completion=False,
-                        help="Create and manage RunPod pods (REST API v2; key from RUNPOD_API_KEY).")
+    group = typer.Typer(
+        cls=_UpByDefault,
+        no_args_is_help=True,
+        add_completion=False,
+        help="Create and manage RunPod pods (REST API v2; key from RUNPOD_API_KEY).",
+    )
     group.command("up", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(up)
     group.command("list")(list_all)
     group.command("status")(status)
@@ -59,6 +63,7 @@ def up(
     from olmx.plan.resolve import resolve
     from olmx.registry import registry
     from olmx_plugins.infra.runpod.client import ReadyCluster, redacted_request
+
     reg = registry()
     infra = reg.get("infra", "runpod")  # this group's own plugin, as the registry loaded it
     overrides = list(overrides or [])
@@ -77,8 +82,9 @@ def up(
     infra.request(cfg, name=name, env=env)
     client = _client()
     with err.status(f"Creating RunPod {'cluster' if cfg.nodes > 1 else 'pod'} {name} and waiting until it runs"):
-        ready = client.provision(infra.spec_for(cfg, name=name, env=env), timeout=cfg.wait_timeout,
-                                 poll=cfg.poll_seconds)
+        ready = client.provision(
+            infra.spec_for(cfg, name=name, env=env), timeout=cfg.wait_timeout, poll=cfg.poll_seconds
+        )
     key = ["-i", cfg.ssh_key] if cfg.ssh_key else []
     train = " ".join(["olmx train", *overrides])
     if isinstance(ready, ReadyCluster):
@@ -99,13 +105,22 @@ def _row(pod: dict[str, Any]) -> list[str]:
     from olmx_plugins.infra.runpod.client import ssh_endpoint
 
     gpu, cpu = pod.get("gpu") or {}, pod.get("cpu") or {}
-    compute = f"{gpu.get('count', 1)} x {gpu['id']}" if gpu.get("id") else (
-        f"CPU {cpu.get('id', '?')} x {cpu.get('vcpuCount', '?')}" if cpu else "-")
+    compute = (
+        f"{gpu.get('count', 1)} x {gpu['id']}"
+        if gpu.get("id")
+        else (f"CPU {cpu.get('id', '?')} x {cpu.get('vcpuCount', '?')}" if cpu else "-")
+    )
     ssh = ssh_endpoint(pod)
     cost = pod.get("cost")
-    return [str(pod.get("id")), str(pod.get("name", "")), str(pod.get("status", "?")), compute,
-            f"{cost:.2f}" if isinstance(cost, (int, float)) else "-",
-            " ".join(ssh.command()) if ssh else "-", str((pod.get("cluster") or {}).get("id", ""))]
+    return [
+        str(pod.get("id")),
+        str(pod.get("name", "")),
+        str(pod.get("status", "?")),
+        compute,
+        f"{cost:.2f}" if isinstance(cost, (int, float)) else "-",
+        " ".join(ssh.command()) if ssh else "-",
+        str((pod.get("cluster") or {}).get("id", "")),
+    ]
 
 
 def list_all() -> None:
@@ -126,8 +141,12 @@ def list_all() -> None:
             ctable.add_column(col)
         for c in clusters:
             by_status = (c.get("pods") or {}).get("byStatus") or {}
-            ctable.add_row(str(c.get("id")), str(c.get("name", "")), str(c.get("type", "")),
-                           ", ".join(f"{n} {s}" for s, n in by_status.items()) or "-")
+            ctable.add_row(
+                str(c.get("id")),
+                str(c.get("name", "")),
+                str(c.get("type", "")),
+                ", ".join(f"{n} {s}" for s, n in by_status.items()) or "-",
+            )
         out.print(ctable)
 
 
@@ -135,9 +154,16 @@ def status(pod_id: str = typer.Argument(..., help="Pod id.")) -> None:
     """One pod: status, compute, image, cost and how to reach it."""
     pod = _client().get_pod(pod_id)
     pid, name, state, compute, cost, ssh, cluster = _row(pod)
-    for label, value in (("pod", pid), ("name", name), ("status", state), ("compute", compute),
-                         ("image", str(pod.get("image", ""))), ("$/h", cost), ("ssh", ssh),
-                         ("cluster", cluster or "-")):
+    for label, value in (
+        ("pod", pid),
+        ("name", name),
+        ("status", state),
+        ("compute", compute),
+        ("image", str(pod.get("image", ""))),
+        ("$/h", cost),
+        ("ssh", ssh),
+        ("cluster", cluster or "-"),
+    ):
         out.print(f"{label:8} {value}", markup=False)
 
 

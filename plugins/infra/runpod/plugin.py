@@ -41,7 +41,8 @@ DEFAULT_IMAGE = "runpod/pytorch:1.2.0-cu1300-torch2130-ubuntu2404"
 #: assets this way); ``{python_tag}`` is filled on the pod (``cp312``).
 DEFAULT_FLASH_ATTN_WHEEL = (
     "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3.post1/"
-    "flash_attn-2.8.3.post1+cu13torch2.13cxx11abiTRUE-{python_tag}-{python_tag}-linux_x86_64.whl")
+    "flash_attn-2.8.3.post1+cu13torch2.13cxx11abiTRUE-{python_tag}-{python_tag}-linux_x86_64.whl"
+)
 #: Local known-hosts file of the run (pods' host keys).
 KNOWN_HOSTS = ".ssh_known_hosts"
 #: Template of the bootstrap script inside the templates folder.
@@ -49,8 +50,14 @@ TEMPLATE = "runpod/bootstrap.sh.j2"
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Spec field -> config key, for errors raised while building a request body.
-_SPEC_KEYS = {"gpu_count": "gpus_per_node", "gpus_per_pod": "gpus_per_node", "pod_count": "nodes",
-              "gpu_type_id": "gpu_type", "cpu_flavor_id": "cpu_flavor", "vcpu_count": "vcpus"}
+_SPEC_KEYS = {
+    "gpu_count": "gpus_per_node",
+    "gpus_per_pod": "gpus_per_node",
+    "pod_count": "nodes",
+    "gpu_type_id": "gpu_type",
+    "cpu_flavor_id": "cpu_flavor",
+    "vcpu_count": "vcpus",
+}
 
 
 @dataclass
@@ -164,8 +171,11 @@ class RunPodInfra(InfraPlugin):
                 raise ConfigError(f"infra.{key}", f"must be positive, got {getattr(cfg, key)}")
         for name in cfg.env:
             if _SECRET_NAME.search(name):
-                raise ConfigError("infra.env", f"{name} looks like a secret, and infra.env is saved in the plan: "
-                                  f"list it in infra.pass_env instead (its value is taken from this environment)")
+                raise ConfigError(
+                    "infra.env",
+                    f"{name} looks like a secret, and infra.env is saved in the plan: "
+                    f"list it in infra.pass_env instead (its value is taken from this environment)",
+                )
         for name in cfg.pass_env:
             if not _ENV_NAME.fullmatch(name):
                 raise ConfigError("infra.pass_env", f"{name!r} is not an environment variable name")
@@ -173,26 +183,45 @@ class RunPodInfra(InfraPlugin):
                 raise ConfigError("infra.pass_env", "the RunPod API key never goes to a pod")
         nproc = cfg.nproc_per_node if cfg.nproc_per_node is not None else (cfg.gpus_per_node or 2)
         if nproc < 1 or (cfg.gpus_per_node and nproc > cfg.gpus_per_node):
-            raise ConfigError("infra.nproc_per_node",
-                              f"{nproc} processes per pod with infra.gpus_per_node={cfg.gpus_per_node}")
+            raise ConfigError(
+                "infra.nproc_per_node", f"{nproc} processes per pod with infra.gpus_per_node={cfg.gpus_per_node}"
+            )
         self.request(cfg, name="olmx-check", env=dict(cfg.env))  # the body RunPod would get is valid
         if not cfg.gpus_per_node:
             return World(nnodes=1, nproc_per_node=nproc)
-        return World(nnodes=cfg.nodes, nproc_per_node=nproc, device="cuda", device_name=cfg.gpu_type,
-                     compute_capability=gpu_compute_capability(cfg.gpu_type))
+        return World(
+            nnodes=cfg.nodes,
+            nproc_per_node=nproc,
+            device="cuda",
+            device_name=cfg.gpu_type,
+            compute_capability=gpu_compute_capability(cfg.gpu_type),
+        )
 
     def spec_for(self, cfg: RunPodConfig, *, name: str, env: dict[str, str]) -> Any:
         """What to ask RunPod for: a :class:`PodSpec`, or a :class:`ClusterSpec` for several nodes."""
         from olmx_plugins.infra.runpod import spec
 
-        common = dict(name=name, image=cfg.image, container_disk_gb=cfg.container_disk_gb,
-                      network_volume_id=cfg.network_volume_id, env=env, data_center_ids=tuple(cfg.data_centers))
+        common: dict[str, Any] = dict(
+            name=name,
+            image=cfg.image,
+            container_disk_gb=cfg.container_disk_gb,
+            network_volume_id=cfg.network_volume_id,
+            env=env,
+            data_center_ids=tuple(cfg.data_centers),
+        )
         if cfg.nodes > 1:
-            return spec.ClusterSpec(gpu_type_id=cfg.gpu_type, pod_count=cfg.nodes, gpus_per_pod=cfg.gpus_per_node,
-                                    **common)
-        return spec.PodSpec(gpu_type_id=cfg.gpu_type, gpu_count=cfg.gpus_per_node,
-                            min_cuda_version=cfg.min_cuda_version, cpu_flavor_id=cfg.cpu_flavor,
-                            vcpu_count=cfg.vcpus, cloud_type=spec.CloudType(cfg.cloud), **common)
+            return spec.ClusterSpec(
+                gpu_type_id=cfg.gpu_type, pod_count=cfg.nodes, gpus_per_pod=cfg.gpus_per_node, **common
+            )
+        return spec.PodSpec(
+            gpu_type_id=cfg.gpu_type,
+            gpu_count=cfg.gpus_per_node,
+            min_cuda_version=cfg.min_cuda_version,
+            cpu_flavor_id=cfg.cpu_flavor,
+            vcpu_count=cfg.vcpus,
+            cloud_type=spec.CloudType(cfg.cloud),
+            **common,
+        )
 
     def request(self, cfg: RunPodConfig, *, name: str, env: dict[str, str]) -> tuple[str, dict[str, Any]]:
         """``(path, body)`` of the create request: ``POST /v2/pods`` or ``POST /v2/clusters``;
@@ -217,13 +246,18 @@ class RunPodInfra(InfraPlugin):
 
         shown_env = {**cfg.env, **{k: f"<redacted: ${k} of the launching environment>" for k in cfg.pass_env}}
         w = cfg.workdir
-        stop = ('DELETE /v2/clusters/{id}  (an instant cluster cannot be stopped)' if cfg.nodes > 1
-                else redacted_request("POST", "/v2/pods/{id}/action", {"action": "stop"}))
+        stop = (
+            "DELETE /v2/clusters/{id}  (an instant cluster cannot be stopped)"
+            if cfg.nodes > 1
+            else redacted_request("POST", "/v2/pods/{id}/action", {"action": "stop"})
+        )
         parts = [
             "# 1. Create the pods and wait until every one runs with SSH "
-            f"(GET every {cfg.poll_seconds:g} s, at most {cfg.wait_timeout:g} s)" if not (cfg.pod_id or cfg.cluster_id)
-            else f"# 1. Use the existing {'cluster ' + str(cfg.cluster_id) if cfg.cluster_id else 'pod ' + str(cfg.pod_id)}"
-                 " (started if stopped) and wait until it runs with SSH",
+            f"(GET every {cfg.poll_seconds:g} s, at most {cfg.wait_timeout:g} s)"
+            if not (cfg.pod_id or cfg.cluster_id)
+            else f"# 1. Use the existing "
+            f"{'cluster ' + str(cfg.cluster_id) if cfg.cluster_id else 'pod ' + str(cfg.pod_id)}"
+            " (started if stopped) and wait until it runs with SSH",
         ]
         if not (cfg.pod_id or cfg.cluster_id):
             path, body = self.request(cfg, name=self._name(cfg, plan), env=shown_env)
@@ -250,11 +284,19 @@ class RunPodInfra(InfraPlugin):
         from olmx.launch import render_template, torchrun_env, torchrun_flags
 
         return render_template(
-            TEMPLATE, workdir=cfg.workdir, python=cfg.python, nproc_per_node=plan.world.nproc_per_node,
-            env=sorted(cfg.env.items()), torch_version=_torch_pin(), install=cfg.install,
+            TEMPLATE,
+            workdir=cfg.workdir,
+            python=cfg.python,
+            nproc_per_node=plan.world.nproc_per_node,
+            env=sorted(cfg.env.items()),
+            torch_version=_torch_pin(),
+            install=cfg.install,
             flash_attn_wheel=cfg.flash_attn_wheel if plan.world.device == "cuda" else None,
-            rdzv_id=f"olmx-{Path(plan.run_dir).name}", torchrun_env=sorted(torchrun_env(cfg).items()),
-            torchrun_flags=torchrun_flags(cfg, f"{cfg.workdir}/run"), launch_id=launch_id)
+            rdzv_id=f"olmx-{Path(plan.run_dir).name}",
+            torchrun_env=sorted(torchrun_env(cfg).items()),
+            torchrun_flags=torchrun_flags(cfg, f"{cfg.workdir}/run"),
+            launch_id=launch_id,
+        )
 
     # -- launch ------------------------------------------------------------------------------
 
@@ -270,15 +312,20 @@ class RunPodInfra(InfraPlugin):
         client = RunPodClient.from_env()
         nodes, cluster_id, created = self._acquire(client, cfg, plan, console)
         remotes = [self._remote(plan, cfg, node.ssh) for node in nodes]
-        RunDir(plan.run_dir).write_launch({
-            "infra": self.name, "pods": [{"id": n.id, "host": n.ssh.host, "port": n.ssh.port, "user": n.ssh.username}
-                                         for n in nodes],
-            "cluster_id": cluster_id, "created": created, "workdir": cfg.workdir,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        RunDir(plan.run_dir).write_launch(
+            {
+                "infra": self.name,
+                "pods": [{"id": n.id, "host": n.ssh.host, "port": n.ssh.port, "user": n.ssh.username} for n in nodes],
+                "cluster_id": cluster_id,
+                "created": created,
+                "workdir": cfg.workdir,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        )
         try:
             launch_id = f"runpod-{uuid.uuid4().hex[:12]}"
             data = self._bundle(plan, cfg, launch_id)
-            for node, r in zip(nodes, remotes):
+            for node, r in zip(nodes, remotes, strict=True):
                 console.print(f"Copying the run to pod {node.id} ({r}) ...")
                 rm.ship(r, cfg.workdir, data)
             for rank, r in enumerate(remotes):
@@ -315,8 +362,10 @@ class RunPodInfra(InfraPlugin):
 
             result = run_outcome(plan.run_dir, launch=launch_id)
             if result.state in ("stopped", "nonfinite"):
-                outcome = RunFailed(f"{result.message}: run the same olmx train again "
-                                    f"(trainer.run_dir={plan.run_dir}) to resume", result.exit_code)
+                outcome = RunFailed(
+                    f"{result.message}: run the same olmx train again (trainer.run_dir={plan.run_dir}) to resume",
+                    result.exit_code,
+                )
         if outcome is not None:
             raise outcome
         return 0
@@ -325,8 +374,10 @@ class RunPodInfra(InfraPlugin):
         """The ready nodes (rank order), the cluster id, and whether olmx created them."""
         wait = dict(timeout=cfg.wait_timeout, poll=cfg.poll_seconds)
         if (cfg.cluster_id or cfg.pod_id) and cfg.pass_env:
-            console.print("note: infra.pass_env reaches a pod when olmx creates it; an existing pod keeps "
-                          "the environment it was created with")
+            console.print(
+                "note: infra.pass_env reaches a pod when olmx creates it; an existing pod keeps "
+                "the environment it was created with"
+            )
         if cfg.cluster_id:
             console.print(f"Using RunPod cluster {cfg.cluster_id}")
             return list(client.wait_until_cluster_running(cfg.cluster_id, **wait).nodes), cfg.cluster_id, False
@@ -339,8 +390,9 @@ class RunPodInfra(InfraPlugin):
             return [client.wait_until_running(cfg.pod_id, **wait)], None, False
         env = self.pod_env(cfg)
         self.request(cfg, name=self._name(cfg, plan), env=env)  # checked before anything is created
-        console.print(f"Creating a RunPod {'cluster' if cfg.nodes > 1 else 'pod'} ({_what(cfg)}) "
-                      "and waiting until it runs ...")
+        console.print(
+            f"Creating a RunPod {'cluster' if cfg.nodes > 1 else 'pod'} ({_what(cfg)}) and waiting until it runs ..."
+        )
         with console.status("waiting for RunPod"):
             ready = client.provision(self.spec_for(cfg, name=self._name(cfg, plan), env=env), **wait)
         if hasattr(ready, "nodes"):
@@ -361,9 +413,11 @@ class RunPodInfra(InfraPlugin):
             data = replace(data, paths=[f"{cfg.workdir}/{name}" for name in data_files])
         run = replace(plan.run, trainer=replace(plan.run.trainer, run_dir=run_dir), data=data)
         pod_plan = replace(plan, run_dir=run_dir, run=run)
-        files = {"run/plan.yaml": yaml.safe_dump(pod_plan.to_dict(), sort_keys=False).encode(),
-                 "bootstrap.sh": self.bootstrap(cfg, plan, launch_id).encode(),
-                 "constraints.txt": "".join(f"{r}\n" for r in pinned_requirements()).encode()}
+        files = {
+            "run/plan.yaml": yaml.safe_dump(pod_plan.to_dict(), sort_keys=False).encode(),
+            "bootstrap.sh": self.bootstrap(cfg, plan, launch_id).encode(),
+            "constraints.txt": "".join(f"{r}\n" for r in pinned_requirements()).encode(),
+        }
         trees: list[tuple[str, Path]] = list(data_files.items())
         if cfg.install:
             root = rm.source_root()
@@ -380,7 +434,7 @@ class RunPodInfra(InfraPlugin):
         it failed. Up to 5 failed looks in a row are tolerated (a flaky connection)."""
         from olmx.launch.monitor import follow
 
-        state = {"last": float("-inf"), "errors": 0, "code": None}
+        state: dict[str, Any] = {"last": float("-inf"), "errors": 0, "code": None}
 
         def poll() -> int | None:
             if time.monotonic() - state["last"] < cfg.poll_seconds:
@@ -397,31 +451,43 @@ class RunPodInfra(InfraPlugin):
 
         follow(plan, poll, log_path=watch.log, console=console, interval=min(0.5, cfg.poll_seconds))
 
-    def _finish(self, client: Any, cfg: RunPodConfig, plan: Any, nodes: list[Any], remotes: list[Any],
-                cluster_id: str | None, console: Any) -> None:
+    def _finish(
+        self,
+        client: Any,
+        cfg: RunPodConfig,
+        plan: Any,
+        nodes: list[Any],
+        remotes: list[Any],
+        cluster_id: str | None,
+        console: Any,
+    ) -> None:
         """Copy the run back from every node (node 0 last), then stop the pods unless kept."""
         from olmx_plugins.infra.runpod import remote as rm
 
         console.print(f"Copying the run directory back into {plan.run_dir} ...")
         try:
-            for node, r in reversed(list(zip(nodes, remotes))):
+            for r in reversed(remotes):
                 rm.fetch(r, cfg.workdir, plan.run_dir)
         except LaunchError as exc:
-            raise LaunchError(f"{exc}\nThe pods are left running so that nothing is lost. "
-                              f"{self._still_running(plan, nodes)}") from None
+            raise LaunchError(
+                f"{exc}\nThe pods are left running so that nothing is lost. {self._still_running(plan, nodes)}"
+            ) from None
         _localize_summary(plan.run_dir)
         if cfg.keep:
-            console.print("Pods kept running (infra.keep=true): " + "; ".join(
-                f"{n.id}: {' '.join(n.ssh.command())}" for n in nodes)
-                + f". Stop with: olmx provision runpod stop {nodes[0].id}")
+            console.print(
+                "Pods kept running (infra.keep=true): "
+                + "; ".join(f"{n.id}: {' '.join(n.ssh.command())}" for n in nodes)
+                + f". Stop with: olmx provision runpod stop {nodes[0].id}"
+            )
             return
         if cluster_id:
             client.terminate_cluster(cluster_id)
             console.print(f"Terminated RunPod cluster {cluster_id} (clusters cannot be stopped)")
         else:
             client.stop_pod(nodes[0].id)
-            console.print(f"Stopped RunPod pod {nodes[0].id} (olmx provision runpod terminate {nodes[0].id} "
-                          "deletes it)")
+            console.print(
+                f"Stopped RunPod pod {nodes[0].id} (olmx provision runpod terminate {nodes[0].id} deletes it)"
+            )
 
     def _confirm_stop(self, console: Any) -> bool:
         if sys.stdin is None or not sys.stdin.isatty():
@@ -429,15 +495,18 @@ class RunPodInfra(InfraPlugin):
         from rich.prompt import Confirm
 
         try:
-            return Confirm.ask("\nStop the training (the run is copied back and the pods stopped)?",
-                               default=False, console=console)
+            return Confirm.ask(
+                "\nStop the training (the run is copied back and the pods stopped)?", default=False, console=console
+            )
         except (KeyboardInterrupt, EOFError):
             return False
 
     def _still_running(self, plan: Any, nodes: list[Any]) -> str:
-        return (f"The training keeps running on pod(s) {', '.join(n.id for n in nodes)}. Status: olmx jobs status "
-                f"{plan.run_dir}; log: olmx jobs logs {plan.run_dir}; stop it, copy the run back and stop the pods: "
-                f"olmx jobs cancel {plan.run_dir}")
+        return (
+            f"The training keeps running on pod(s) {', '.join(n.id for n in nodes)}. Status: olmx jobs status "
+            f"{plan.run_dir}; log: olmx jobs logs {plan.run_dir}; stop it, copy the run back and stop the pods: "
+            f"olmx jobs cancel {plan.run_dir}"
+        )
 
     # -- olmx jobs ---------------------------------------------------------------------------
 
@@ -481,8 +550,15 @@ class RunPodInfra(InfraPlugin):
             rm.kill(r, cfg.workdir)
         _wait_ended(lambda: rm.state(remotes[0], cfg.workdir)[0], cfg.poll_seconds)
         nodes = [ReadyPod(p["id"], "", SshEndpoint(p["host"], p["port"], p["user"]), {}) for p in record["pods"]]
-        self._finish(RunPodClient.from_env(), cfg, plan, nodes, remotes, record.get("cluster_id"),
-                     Console(stderr=True, highlight=False, soft_wrap=True))
+        self._finish(
+            RunPodClient.from_env(),
+            cfg,
+            plan,
+            nodes,
+            remotes,
+            record.get("cluster_id"),
+            Console(stderr=True, highlight=False, soft_wrap=True),
+        )
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -589,9 +665,12 @@ def shipped_data(plan: Any, cfg: RunPodConfig) -> dict[str, Path]:
     files = text_files(list(data.paths))
     total = sum(f.stat().st_size for f in files)
     if total > cfg.ship_data_max_gb * 1e9:
-        raise ConfigError("infra.ship_data_max_gb", f"data.paths hold {total / 1e9:.1f} GB, more than the "
-                          f"{cfg.ship_data_max_gb:g} GB olmx copies to pods over SSH; put the data on a network "
-                          "volume (infra.network_volume_id) or in the image and set infra.ship_data=false")
+        raise ConfigError(
+            "infra.ship_data_max_gb",
+            f"data.paths hold {total / 1e9:.1f} GB, more than the "
+            f"{cfg.ship_data_max_gb:g} GB olmx copies to pods over SSH; put the data on a network "
+            "volume (infra.network_volume_id) or in the image and set infra.ship_data=false",
+        )
     return {f"data/{i:03d}-{f.name}": f for i, f in enumerate(files)}
 
 

@@ -85,22 +85,37 @@ class Remote:
 
     def ssh(self, command: str) -> list[str]:
         """The ssh argv that runs ``command`` (one shell line) on the pod."""
-        argv = ["ssh", "-p", str(self.port), "-o", "BatchMode=yes", "-o", "ConnectTimeout=20",
-                "-o", "ServerAliveInterval=15", "-o", "StrictHostKeyChecking=accept-new"]
+        argv = [
+            "ssh",
+            "-p",
+            str(self.port),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=20",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+        ]
         if self.known_hosts:
             argv += ["-o", f"UserKnownHostsFile={self.known_hosts}"]
         if self.key_file:
             argv += ["-i", self.key_file]
         return [*argv, f"{self.user}@{self.host}", command]
 
-    def run(self, command: str, *, data: bytes | None = None, timeout: float = 300.0,
-            what: str = "") -> bytes:
+    def run(self, command: str, *, data: bytes | None = None, timeout: float = 300.0, what: str = "") -> bytes:
         """Run ``command`` on the pod; its stdout. LaunchError (naming ``what``, the pod and
         ssh's stderr) when ssh or the command fails."""
         argv = self.ssh(command)
         try:
-            proc = subprocess.run(argv, input=data, capture_output=True, timeout=timeout,
-                                  stdin=None if data is not None else subprocess.DEVNULL)
+            proc = subprocess.run(
+                argv,
+                input=data,
+                capture_output=True,
+                timeout=timeout,
+                stdin=None if data is not None else subprocess.DEVNULL,
+            )
         except FileNotFoundError:
             raise LaunchError("`ssh` was not found on PATH: olmx reaches RunPod pods with OpenSSH's client") from None
         except subprocess.TimeoutExpired:
@@ -125,13 +140,15 @@ def source_root() -> Path:
     if not all((root / part).exists() for part in SOURCE_PARTS):
         raise LaunchError(
             f"olmx is not running from a checkout ({root} lacks {', '.join(SOURCE_PARTS)}), so there is no "
-            "source to ship: use an image that has olmx installed and set infra.install=false")
+            "source to ship: use an image that has olmx installed and set infra.install=false"
+        )
     return root
 
 
 def bundle(files: dict[str, bytes], trees: Iterable[tuple[str, Path]] = ()) -> bytes:
     """A gzipped tar holding ``files`` (name -> content) and the directory trees
     ``(name, path)``, without ``__pycache__`` folders and compiled files."""
+
     def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         parts = Path(info.name).parts
         if "__pycache__" in parts or info.name.endswith((".pyc", ".pyo")) or ".egg-info" in info.name:
@@ -154,8 +171,12 @@ def bundle(files: dict[str, bytes], trees: Iterable[tuple[str, Path]] = ()) -> b
 def ship(remote: Remote, workdir: str, data: bytes) -> None:
     """Unpack the bundle ``data`` into ``workdir`` on the pod (replacing its run status)."""
     w = shlex.quote(workdir)
-    remote.run(f"mkdir -p {w} && rm -rf {w}/status && tar -xzf - -C {w}", data=data, timeout=1800,
-               what="copying the run to the pod")
+    remote.run(
+        f"mkdir -p {w} && rm -rf {w}/status && tar -xzf - -C {w}",
+        data=data,
+        timeout=1800,
+        what="copying the run to the pod",
+    )
 
 
 def start(remote: Remote, workdir: str, *, rank: int = 0, nnodes: int = 1) -> None:
@@ -163,15 +184,20 @@ def start(remote: Remote, workdir: str, *, rank: int = 0, nnodes: int = 1) -> No
     connection), as node ``rank`` of ``nnodes`` (olmx knows the order of a cluster's pods, so
     it does not rely on the pod's environment for this)."""
     w = shlex.quote(workdir)
-    remote.run(f"cd {w} && (NODE_RANK={int(rank)} NUM_NODES={int(nnodes)} nohup setsid bash bootstrap.sh "
-               ">/dev/null 2>&1 </dev/null &)", timeout=60, what="starting the bootstrap")
+    remote.run(
+        f"cd {w} && (NODE_RANK={int(rank)} NUM_NODES={int(nnodes)} nohup setsid bash bootstrap.sh "
+        ">/dev/null 2>&1 </dev/null &)",
+        timeout=60,
+        what="starting the bootstrap",
+    )
 
 
 def kill(remote: Remote, workdir: str, rank: int = 0) -> None:
     """SIGTERM the node's bootstrap and everything it started (its process group)."""
     pid = shlex.quote(f"{workdir}/status/pid.node{rank}")
-    remote.run(f"test -f {pid} && kill -TERM -- -$(cat {pid}) 2>/dev/null; true", timeout=60,
-               what="stopping the training")
+    remote.run(
+        f"test -f {pid} && kill -TERM -- -$(cat {pid}) 2>/dev/null; true", timeout=60, what="stopping the training"
+    )
 
 
 # ------------------------------------------------------------------------------- watch
@@ -197,8 +223,14 @@ class Watch:
     def look(self) -> int | None:
         """One look: append what is new; the exit status once the bootstrap has ended (255 if
         it died without writing one)."""
-        command = _PROBE.format(work=shlex.quote(self.workdir), rank=self.rank, chunk=_CHUNK,
-                                mo=self.offsets[0], lo=self.offsets[1], alive=_ALIVE.format())
+        command = _PROBE.format(
+            work=shlex.quote(self.workdir),
+            rank=self.rank,
+            chunk=_CHUNK,
+            mo=self.offsets[0],
+            lo=self.offsets[1],
+            alive=_ALIVE.format(),
+        )
         answer = self.remote.run(command, timeout=60, what="checking on the training")
         head, _, body = answer.partition(b"\n")
         try:
@@ -206,8 +238,8 @@ class Watch:
             code, alive = head.split()[6:8]
         except ValueError:
             raise LaunchError(f"checking on the training on {self.remote}: unexpected answer {head[:200]!r}") from None
-        chunks = (body[:mlen], body[mlen:mlen + llen])
-        for i, (path, offset, chunk) in enumerate(zip((self.metrics, self.log), (moff, loff), chunks)):
+        chunks = (body[:mlen], body[mlen : mlen + llen])
+        for i, (path, offset, chunk) in enumerate(zip((self.metrics, self.log), (moff, loff), chunks, strict=True)):
             if offset < self.offsets[i]:  # the pod's file was truncated (a resumed run)
                 path.write_bytes(b"")
             with open(path, "ab") as f:
@@ -222,10 +254,16 @@ def state(remote: Remote, workdir: str, rank: int = 0) -> tuple[int | None, dict
     """``(exit status or None while it runs, last metrics record)`` of node ``rank``; 255
     when its bootstrap died without an exit status."""
     w = shlex.quote(workdir)
-    out = remote.run(
-        f"cd {w} || exit 1\n{_ALIVE.format()}\nalive status/pid.node{rank} && a=running || a=255\n"
-        f"cat status/exit.node{rank} 2>/dev/null || echo $a\ntail -n 1 run/metrics.jsonl 2>/dev/null; true",
-        timeout=60, what="checking on the training").decode(errors="replace").splitlines()
+    out = (
+        remote.run(
+            f"cd {w} || exit 1\n{_ALIVE.format()}\nalive status/pid.node{rank} && a=running || a=255\n"
+            f"cat status/exit.node{rank} 2>/dev/null || echo $a\ntail -n 1 run/metrics.jsonl 2>/dev/null; true",
+            timeout=60,
+            what="checking on the training",
+        )
+        .decode(errors="replace")
+        .splitlines()
+    )
     code = None if not out or out[0].strip() == "running" else int(out[0])
     try:
         last = json.loads(out[1]) if len(out) > 1 and out[1].strip() else None
@@ -248,11 +286,13 @@ def fetch(remote: Remote, workdir: str, run_dir: str | Path) -> None:
                 tar.extractall(run_dir, filter="data")
         except tarfile.TarError as exc:
             proc.kill()
-            problem = f"{exc}"
+            problem: str | None = f"{exc}"
         else:
             problem = None
         stderr = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
         proc.wait()
     if problem is not None or proc.returncode != 0:
-        raise LaunchError(f"copying the run directory back from {remote} failed "
-                          f"(ssh exit status {proc.returncode}): {problem or stderr or '(no output)'}")
+        raise LaunchError(
+            f"copying the run directory back from {remote} failed "
+            f"(ssh exit status {proc.returncode}): {problem or stderr or '(no output)'}"
+        )

@@ -170,9 +170,7 @@ def build_pod_request(spec: PodSpec) -> dict[str, Any]:
 def build_cluster_request(spec: ClusterSpec) -> dict[str, Any]:
     """The exact JSON body of ``POST /v2/clusters`` for ``spec`` (validated first)."""
     if not 2 <= spec.pod_count <= 250:
-        raise ConfigError(
-            "pod_count", f"must be between 2 and 250 (RunPod's limit), got {spec.pod_count}"
-        )
+        raise ConfigError("pod_count", f"must be between 2 and 250 (RunPod's limit), got {spec.pod_count}")
     _check_positive("gpus_per_pod", spec.gpus_per_pod)
     _check_common(spec.name, spec.gpu_type_id, spec.image, spec.container_disk_gb)
     body: dict[str, Any] = {
@@ -214,12 +212,8 @@ def _container_fields(spec: PodSpec | ClusterSpec) -> dict[str, Any]:
         out["dataCenterIds"] = list(spec.data_center_ids)
     if spec.network_volume_id:
         if not spec.network_volume_path.startswith("/"):
-            raise ConfigError(
-                "network_volume_path", f"must be absolute, got {spec.network_volume_path!r}"
-            )
-        out["mounts"] = {
-            "network": [{"volumeId": spec.network_volume_id, "path": spec.network_volume_path}]
-        }
+            raise ConfigError("network_volume_path", f"must be absolute, got {spec.network_volume_path!r}")
+        out["mounts"] = {"network": [{"volumeId": spec.network_volume_id, "path": spec.network_volume_path}]}
     return out
 
 

@@ -131,9 +131,9 @@ def render_sbatch(
     for name, value in (("run_dir", run_dir), ("workdir", workdir)):
         if not _OPTION_VALUE.fullmatch(str(value)):
             raise SlurmError(f"slurm {name}={str(value)!r}: no whitespace or quotes allowed")
-    for name, number in (("nproc_per_node", nproc_per_node), ("nodes", nodes)):
-        if not isinstance(number, int) or number < 1:
-            raise SlurmError(f"slurm {name}={number!r}: must be a whole number >= 1")
+    for name, count in (("nproc_per_node", nproc_per_node), ("nodes", nodes)):
+        if not isinstance(count, int) or count < 1:
+            raise SlurmError(f"slurm {name}={count!r}: must be a whole number >= 1")
     for name, number in (
         ("gpus_per_node", gpus_per_node),
         ("cpus_per_task", cpus_per_task),
@@ -195,14 +195,10 @@ def render_sbatch(
 # ------------------------------------------------------------------------------- commands
 
 
-def _run(
-    cmd: Sequence[str], *, timeout: float = 60.0, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
+def _run(cmd: Sequence[str], *, timeout: float = 60.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run a Slurm client command; SlurmError if it is not installed or hangs."""
     try:
-        return subprocess.run(
-            list(cmd), capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
-        )
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False)
     except FileNotFoundError:
         raise SlurmError(
             f"`{cmd[0]}` was not found on PATH: run olmx on a Slurm login node "
@@ -217,9 +213,7 @@ def _failed(cmd: Sequence[str], proc: subprocess.CompletedProcess[str]) -> Slurm
     return SlurmError(f"`{shlex.join(cmd)}` failed with exit status {proc.returncode}: {detail}")
 
 
-def submit(
-    script_text: str, *, run_dir: str | os.PathLike[str], filename: str = "sbatch.sh"
-) -> str:
+def submit(script_text: str, *, run_dir: str | os.PathLike[str], filename: str = "sbatch.sh") -> str:
     """Write ``script_text`` to ``<run_dir>/<filename>`` and submit it with ``sbatch --parsable``
     from ``run_dir``; return the job id (a string of digits)."""
     run_dir = Path(run_dir).absolute()

@@ -97,8 +97,9 @@ class SlurmInfra(InfraPlugin):
         if nproc < 1:
             raise ConfigError("infra.nproc_per_node", f"must be at least 1, got {nproc}")
         if cfg.gpus_per_node and nproc > cfg.gpus_per_node:
-            raise ConfigError("infra.nproc_per_node",
-                              f"{nproc} processes per node but infra.gpus_per_node={cfg.gpus_per_node}")
+            raise ConfigError(
+                "infra.nproc_per_node", f"{nproc} processes per node but infra.gpus_per_node={cfg.gpus_per_node}"
+            )
         if cfg.poll_seconds <= 0:
             raise ConfigError("infra.poll_seconds", f"must be positive, got {cfg.poll_seconds}")
         # Every setting that lands in the script is checked now, before anything is written.
@@ -106,15 +107,21 @@ class SlurmInfra(InfraPlugin):
         if not cfg.gpus_per_node:
             return World(nnodes=cfg.nodes, nproc_per_node=nproc)
         name = cfg.gpu_name or "cuda"
-        return World(nnodes=cfg.nodes, nproc_per_node=nproc, device="cuda", device_name=name,
-                     compute_capability=gpu_compute_capability(name))
+        return World(
+            nnodes=cfg.nodes,
+            nproc_per_node=nproc,
+            device="cuda",
+            device_name=name,
+            compute_capability=gpu_compute_capability(name),
+        )
 
     # -- the batch script ------------------------------------------------------------------
 
     def script(self, cfg: SlurmConfig, plan: Any) -> str:
         """The exact batch script of the run."""
-        return _render(cfg, run_dir=plan.run_dir, plan_path=str(plan.plan_path),
-                       nproc_per_node=plan.world.nproc_per_node)
+        return _render(
+            cfg, run_dir=plan.run_dir, plan_path=str(plan.plan_path), nproc_per_node=plan.world.nproc_per_node
+        )
 
     def dry_run(self, cfg: SlurmConfig, plan: Any) -> str:
         """The batch script, exactly as it would be written to ``RUN_DIR/sbatch.sh`` and
@@ -136,14 +143,22 @@ class SlurmInfra(InfraPlugin):
         script = self.script(cfg, plan)
         job_id = jobs.submit(script, run_dir=plan.run_dir, filename=SCRIPT_FILE)
         log = jobs.log_path(job_id, plan.run_dir)
-        RunDir(plan.run_dir).write_launch({"infra": self.name, "job_id": job_id, "log": str(log),
-                                     "script": str(Path(plan.run_dir) / SCRIPT_FILE),
-                                     "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        RunDir(plan.run_dir).write_launch(
+            {
+                "infra": self.name,
+                "job_id": job_id,
+                "log": str(log),
+                "script": str(Path(plan.run_dir) / SCRIPT_FILE),
+                "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        )
         out = Console(highlight=False, soft_wrap=True)
         out.print(f"Submitted Slurm job [bold]{job_id}[/]; its log: {log}")
         if cfg.detach:
-            out.print(f"Detached. Follow it with: olmx jobs status {plan.run_dir}  |  "
-                      f"olmx jobs logs {plan.run_dir}  |  olmx jobs cancel {plan.run_dir}")
+            out.print(
+                f"Detached. Follow it with: olmx jobs status {plan.run_dir}  |  "
+                f"olmx jobs logs {plan.run_dir}  |  olmx jobs cancel {plan.run_dir}"
+            )
             return 0
         return self._follow(plan, job_id, cfg, Console(stderr=True, highlight=False, soft_wrap=True))
 
@@ -164,8 +179,11 @@ class SlurmInfra(InfraPlugin):
             raise self._interrupted(plan, job_id, console) from None
         except RunFailed as exc:
             state = watch.state or "ended"
-            raise RunFailed(f"Slurm job {job_id} ended {state} with exit code {exc.exit_code}; "
-                            f"last lines of {log}:\n{tail(log, 30)}", exc.exit_code) from None
+            raise RunFailed(
+                f"Slurm job {job_id} ended {state} with exit code {exc.exit_code}; "
+                f"last lines of {log}:\n{tail(log, 30)}",
+                exc.exit_code,
+            ) from None
 
     def _interrupted(self, plan: Any, job_id: str, console: Any) -> RunFailed:
         """Ctrl-C while following: cancel only when a person on a terminal says so."""
@@ -181,11 +199,16 @@ class SlurmInfra(InfraPlugin):
                 cancel = False
         if cancel:
             jobs.cancel(job_id)
-            return RunFailed(f"cancelled Slurm job {job_id}; run the same command again to resume "
-                             f"from its last checkpoint in {plan.run_dir}", 130)
+            return RunFailed(
+                f"cancelled Slurm job {job_id}; run the same command again to resume "
+                f"from its last checkpoint in {plan.run_dir}",
+                130,
+            )
         return RunFailed(
             f"stopped following; Slurm job {job_id} keeps running. Status: olmx jobs status {plan.run_dir}; "
-            f"log: olmx jobs logs {plan.run_dir}; cancel: olmx jobs cancel {plan.run_dir} (or scancel {job_id})", 130)
+            f"log: olmx jobs logs {plan.run_dir}; cancel: olmx jobs cancel {plan.run_dir} (or scancel {job_id})",
+            130,
+        )
 
     # -- olmx jobs ---------------------------------------------------------------------------
 
@@ -256,7 +279,7 @@ class _JobWatch:
 
     def line(self) -> str:
         """The state for the status line."""
-        return self.state + (f", reason {self.reason}" if self.reason not in ("", "None") else "")
+        return (self.state or "?") + (f", reason {self.reason}" if self.reason not in ("", "None") else "")
 
     def poll(self) -> int | None:
         """None while the job runs, then its exit code (0 only for COMPLETED)."""
@@ -272,13 +295,25 @@ def _render(cfg: SlurmConfig, *, run_dir: str, plan_path: str, nproc_per_node: i
     python = cfg.python or sys.executable
     try:
         return jobs.render_sbatch(
-            run_dir=run_dir, command=worker_command(plan_path, python=python),
-            nproc_per_node=nproc_per_node, nodes=cfg.nodes, python=python, job_name=cfg.job_name,
-            partition=cfg.partition, account=cfg.account, time=cfg.time,
-            gpus_per_node=cfg.gpus_per_node or None, cpus_per_task=cfg.cpus_per_task, mem=cfg.mem,
-            signal_seconds=cfg.signal_seconds, requeue=cfg.requeue, container_image=cfg.container_image,
-            container_mounts=cfg.container_mounts, env={**torchrun_env(cfg), **cfg.env},
-            extra_sbatch_args=cfg.extra_sbatch_args, torchrun_flags=torchrun_flags(cfg, run_dir),
+            run_dir=run_dir,
+            command=worker_command(plan_path, python=python),
+            nproc_per_node=nproc_per_node,
+            nodes=cfg.nodes,
+            python=python,
+            job_name=cfg.job_name,
+            partition=cfg.partition,
+            account=cfg.account,
+            time=cfg.time,
+            gpus_per_node=cfg.gpus_per_node or None,
+            cpus_per_task=cfg.cpus_per_task,
+            mem=cfg.mem,
+            signal_seconds=cfg.signal_seconds,
+            requeue=cfg.requeue,
+            container_image=cfg.container_image,
+            container_mounts=cfg.container_mounts,
+            env={**torchrun_env(cfg), **cfg.env},
+            extra_sbatch_args=cfg.extra_sbatch_args,
+            torchrun_flags=torchrun_flags(cfg, run_dir),
         )
     except jobs.SlurmError as exc:  # "slurm <argument>...: why"
         text = str(exc).removeprefix("slurm ")

@@ -33,9 +33,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
-from torch.distributed import DeviceMesh
-from torch.distributed.tensor import Placement
-
 from olmo_core.config import Config
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.buffer_cache import BufferCache
@@ -53,6 +50,8 @@ from olmo_core.nn.transformer.config import (
     TransformerDataParallelWrappingStrategy,
 )
 from olmo_core.nn.transformer.model import MoETransformer, Transformer
+from torch.distributed import DeviceMesh
+from torch.distributed.tensor import Placement
 
 from .compression import TokenizerCompression
 from .hashing import NgramHasher, ngram_table_sizes
@@ -216,9 +215,7 @@ class EngramBlockConfig(TransformerBlockConfig):
     def _base_config(self) -> TransformerBlockConfig:
         if self.base is not None:
             return self.base
-        return TransformerBlockConfig(
-            **{f.name: getattr(self, f.name) for f in fields(TransformerBlockConfig)}
-        )
+        return TransformerBlockConfig(**{f.name: getattr(self, f.name) for f in fields(TransformerBlockConfig)})
 
     def build(
         self,
@@ -284,7 +281,7 @@ class EngramBlockMixin:
         self,
         dp_mesh: DeviceMesh | None = None,
         prefetch_factor: int = 0,
-        wrapping_strategy: _Wrapping = _Wrapping.full,
+        wrapping_strategy: Any = _Wrapping.full,
         **fsdp_kwargs: Any,
     ) -> None:
         """The base block's FSDP wrapping, with a sharded table left out (``ignored_params``)."""
@@ -298,9 +295,7 @@ class EngramBlockMixin:
             **fsdp_kwargs,
         )
 
-    def apply_tp(
-        self, tp_mesh: DeviceMesh, *, input_layout: Placement, float8_enabled: bool = False
-    ) -> None:
+    def apply_tp(self, tp_mesh: DeviceMesh, *, input_layout: Placement, float8_enabled: bool = False) -> None:
         """Refused: Engram is not tensor-parallel."""
         raise NotImplementedError("Engram blocks do not support tensor parallelism")
 
@@ -365,8 +360,10 @@ def engram_block_class(block_cls: type) -> type:
         if not issubclass(block_cls, TransformerBlockBase):
             raise OLMoConfigurationError(f"Engram needs a transformer block, got {block_cls.__name__}")
         _ENGRAM_BLOCK_CLASSES[block_cls] = type(
-            f"Engram{block_cls.__name__}", (EngramBlockMixin, block_cls),
-            {"__doc__": f"``{block_cls.__name__}`` with Engram.", "__module__": __name__})
+            f"Engram{block_cls.__name__}",
+            (EngramBlockMixin, block_cls),
+            {"__doc__": f"``{block_cls.__name__}`` with Engram.", "__module__": __name__},
+        )
     return _ENGRAM_BLOCK_CLASSES[block_cls]
 
 
@@ -392,16 +389,14 @@ class EngramModelMixin:
 
     engram_inputs: EngramInputs
 
-    def _prepare_inputs(
-        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **kwargs: Any
-    ):
+    def _prepare_inputs(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **kwargs: Any):
         if getattr(self, "_pp_enabled", False):
             raise RuntimeError("Engram does not support pipeline parallelism")
         # Hash the whole sequence before context parallelism shards it: the first tokens of
         # a shard need the previous shard's last N-1 tokens.
         hashes = self.engram_inputs(input_ids)
-        input_ids, labels, all_block_kwargs, per_block_kwargs, lm_head_kwargs = (
-            super()._prepare_inputs(input_ids, labels, **kwargs)  # type: ignore[misc]
+        input_ids, labels, all_block_kwargs, per_block_kwargs, lm_head_kwargs = super()._prepare_inputs(  # type: ignore[misc]
+            input_ids, labels, **kwargs
         )
         balancer = getattr(self, "_cp_load_balancer", None)
         for layer_id, hash_ids in hashes.items():
@@ -428,21 +423,21 @@ class EngramModelMixin:
                 autograd_compile_enabled=autograd_compile_enabled,
             )
             return
-        from torch.distributed._composable.replicate import replicate
-
         from olmo_core.nn.transformer import model as olmo_model
+        from torch.distributed._composable.replicate import replicate
 
         target_dtype = param_dtype or self.dtype  # type: ignore[attr-defined]
         if target_dtype != self.dtype:  # type: ignore[attr-defined]
             self.to(dtype=target_dtype)  # type: ignore[attr-defined]
         if compile_enabled:
-            torch._dynamo.config.optimize_ddp = (  # type: ignore[attr-defined]
-                "python_reducer_without_compiled_forward"
-                if autograd_compile_enabled
-                else "ddp_optimizer"
+            torch._dynamo.config.optimize_ddp = (
+                "python_reducer_without_compiled_forward" if autograd_compile_enabled else "ddp_optimizer"
             )
         replicate(
-            self, device_mesh=dp_mesh, bucket_cap_mb=100, ignored_modules=ignored  # type: ignore[arg-type]
+            self,
+            device_mesh=dp_mesh,
+            bucket_cap_mb=100,
+            ignored_modules=ignored,
         )
         self.register_forward_pre_hook(  # type: ignore[attr-defined]
             olmo_model._hide_cpu_inputs_from_torch, prepend=True, with_kwargs=True
@@ -466,9 +461,7 @@ _ENGRAM_MODEL_CLASSES: dict[type, type] = {
 }
 
 
-def apply_engram_inputs(
-    model: Transformer, *, compression: TokenizerCompression, hasher: NgramHasher
-) -> Transformer:
+def apply_engram_inputs(model: Transformer, *, compression: TokenizerCompression, hasher: NgramHasher) -> Transformer:
     """Make ``model`` hash its input ids once per batch and pass them to its Engram blocks.
 
     Switches the model to :class:`EngramTransformer` (or :class:`EngramMoETransformer`) and
@@ -497,14 +490,11 @@ def apply_engram_inputs(
                 f"block {layer_id} has Engram but the hasher's layer_ids are {hasher.layer_ids}"
             )
         if engram.table.table_sizes != hasher.table_sizes(layer_id):
-            raise OLMoConfigurationError(
-                f"block {layer_id}: Engram table sizes differ from the hasher's"
-            )
+            raise OLMoConfigurationError(f"block {layer_id}: Engram table sizes differ from the hasher's")
     if sorted(engram_layers) != sorted(hasher.layer_ids):
         raise OLMoConfigurationError(
-            f"Engram blocks are {sorted(engram_layers)} but the hasher's layer_ids are "
-            f"{sorted(hasher.layer_ids)}"
+            f"Engram blocks are {sorted(engram_layers)} but the hasher's layer_ids are {sorted(hasher.layer_ids)}"
         )
     inputs = EngramInputs(compression=compression, hasher=hasher)
-    model.engram_inputs = inputs  # type: ignore[attr-defined]
+    model.engram_inputs = inputs
     return model

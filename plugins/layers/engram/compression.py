@@ -150,8 +150,11 @@ def byte_level_tokens(
 def _byte_level_alphabet() -> dict[str, int]:
     """The byte-level BPE alphabet (GPT-2's ``bytes_to_unicode``), inverted: the printable
     character that stands for each byte in a token string -> the byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
-                 *range(ord("\xae"), ord("\xff") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), ord("\xff") + 1),
+    ]
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -175,8 +178,10 @@ def tokenizer_json_tokens(path: str, vocab_size: int) -> list[tuple[str | None, 
     model, decoder = data.get("model") or {}, data.get("decoder") or {}
     decoders = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
     if model.get("type") != "BPE" or not any(d.get("type") == "ByteLevel" for d in decoders):
-        raise ValueError(f"{path}: not a byte-level BPE tokenizer (model {model.get('type')!r}, decoder "
-                         f"{decoder.get('type')!r}); only those are read without the tokenizers package")
+        raise ValueError(
+            f"{path}: not a byte-level BPE tokenizer (model {model.get('type')!r}, decoder "
+            f"{decoder.get('type')!r}); only those are read without the tokenizers package"
+        )
     alphabet = _byte_level_alphabet()
     table: dict[int, tuple[str | None, str]] = {}
     for token, i in model["vocab"].items():

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .primes import _validate_shape, is_prime, ngram_table_sizes
+from .primes import is_prime, ngram_table_sizes
 
 __all__ = ["NgramHasher", "is_prime", "ngram_table_sizes"]
 
@@ -69,9 +69,7 @@ class NgramHasher:
         if compressed_vocab_size < 1:
             raise ValueError(f"compressed_vocab_size={compressed_vocab_size} must be >= 1")
         if not 0 <= pad_id < compressed_vocab_size:
-            raise ValueError(
-                f"pad_id={pad_id} must be a canonical id in [0, {compressed_vocab_size})"
-            )
+            raise ValueError(f"pad_id={pad_id} must be a canonical id in [0, {compressed_vocab_size})")
         self.layer_ids = [int(i) for i in layer_ids]
         self.max_ngram_size = int(max_ngram_size)
         self.n_head_per_ngram = int(n_head_per_ngram)
@@ -127,9 +125,7 @@ class NgramHasher:
 
     def _shifts(self, canonical_ids: torch.Tensor) -> list[torch.Tensor]:
         if canonical_ids.dim() != 2:
-            raise ValueError(
-                f"canonical_ids must be [B, T], got shape {tuple(canonical_ids.shape)}"
-            )
+            raise ValueError(f"canonical_ids must be [B, T], got shape {tuple(canonical_ids.shape)}")
         x = canonical_ids.long()
         shifts = [x]
         for k in range(1, self.max_ngram_size):

@@ -78,13 +78,11 @@ class Engram(nn.Module):
         num_heads = (max_ngram_size - 1) * n_head_per_ngram
         if len(table_sizes) != num_heads:
             raise ValueError(
-                f"got {len(table_sizes)} table sizes, need (max_ngram_size - 1) * "
-                f"n_head_per_ngram = {num_heads}"
+                f"got {len(table_sizes)} table sizes, need (max_ngram_size - 1) * n_head_per_ngram = {num_heads}"
             )
         if n_embed_per_ngram % n_head_per_ngram != 0:
             raise ValueError(
-                f"n_embed_per_ngram={n_embed_per_ngram} must be divisible by "
-                f"n_head_per_ngram={n_head_per_ngram}"
+                f"n_embed_per_ngram={n_embed_per_ngram} must be divisible by n_head_per_ngram={n_head_per_ngram}"
             )
         if kernel_size < 1:
             raise ValueError(f"kernel_size={kernel_size} must be >= 1")

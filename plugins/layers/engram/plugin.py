@@ -8,7 +8,7 @@ or sharded over ranks (``1d``/``2d``) with only the looked-up rows exchanged.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from olmx.api import Context, Contribution, LayerPlugin
@@ -92,40 +92,56 @@ class EngramLayer(LayerPlugin):
         if cfg.max_ngram_size < 2:
             raise ConfigError("layers.engram.max_ngram_size", f"must be at least 2, got {cfg.max_ngram_size}")
         if cfg.n_head_per_ngram < 1 or cfg.n_embed_per_ngram % cfg.n_head_per_ngram:
-            raise ConfigError("layers.engram.n_embed_per_ngram", f"{cfg.n_embed_per_ngram} must be divisible by "
-                              f"layers.engram.n_head_per_ngram={cfg.n_head_per_ngram}")
+            raise ConfigError(
+                "layers.engram.n_embed_per_ngram",
+                f"{cfg.n_embed_per_ngram} must be divisible by layers.engram.n_head_per_ngram={cfg.n_head_per_ngram}",
+            )
         sizes_cfg = vocab_sizes(cfg, vocab)
         if len(sizes_cfg) != cfg.max_ngram_size - 1:
-            raise ConfigError("layers.engram.vocab_size_per_ngram", f"needs {cfg.max_ngram_size - 1} entries "
-                              f"(orders 2..{cfg.max_ngram_size}), got {len(sizes_cfg)}")
+            raise ConfigError(
+                "layers.engram.vocab_size_per_ngram",
+                f"needs {cfg.max_ngram_size - 1} entries (orders 2..{cfg.max_ngram_size}), got {len(sizes_cfg)}",
+            )
         if cfg.sharding not in SHARDINGS:
             raise ConfigError("layers.engram.sharding", f"'{cfg.sharding}' is not one of {', '.join(SHARDINGS)}")
         if cfg.sharding == "2d" and (not cfg.shard_degree or world.size % cfg.shard_degree):
-            raise ConfigError("layers.engram.shard_degree", f"sharding=2d needs a shard_degree dividing the world "
-                              f"size {world.size}, got {cfg.shard_degree}")
+            raise ConfigError(
+                "layers.engram.shard_degree",
+                f"sharding=2d needs a shard_degree dividing the world size {world.size}, got {cfg.shard_degree}",
+            )
         tok = run.data.tokenizer
         if cfg.compression and tok.name != "bytes":
             if not tok.path:
-                raise ConfigError("layers.engram.compression", f"compression needs the vocabulary of tokenizer "
-                                  f"'{tok.name}': set data.tokenizer.path to its local tokenizer.json (olmx "
-                                  "downloads nothing), or layers.engram.compression=false to hash raw ids")
+                raise ConfigError(
+                    "layers.engram.compression",
+                    f"compression needs the vocabulary of tokenizer "
+                    f"'{tok.name}': set data.tokenizer.path to its local tokenizer.json (olmx "
+                    "downloads nothing), or layers.engram.compression=false to hash raw ids",
+                )
             from olmx_plugins.layers.engram.compression import tokenizer_json_tokens
 
             try:
                 tokenizer_json_tokens(os.path.expanduser(tok.path), tok.vocab_size)
             except (OSError, ValueError, KeyError) as exc:
-                raise ConfigError("data.tokenizer.path", f"cannot read the tokenizer for Engram's compression: "
-                                  f"{exc}") from None
+                raise ConfigError(
+                    "data.tokenizer.path", f"cannot read the tokenizer for Engram's compression: {exc}"
+                ) from None
         if ctx.mesh.shards_sequence:
             # Each rank's convolution reads the previous sequence shard's last positions.
             halo, shard = (cfg.kernel_size - 1) * cfg.max_ngram_size, run.data.seq_len // ctx.mesh.cp
             if halo > shard:
-                raise ConfigError("layers.engram.kernel_size",
-                                  f"the convolution reaches (kernel_size - 1) x max_ngram_size = {halo} positions "
-                                  f"back, more than one sequence shard (data.seq_len / context-parallel degree "
-                                  f"{ctx.mesh.cp} = {shard} tokens)")
-        tables = ngram_table_sizes(layer_ids=ids, max_ngram_size=cfg.max_ngram_size,
-                                   n_head_per_ngram=cfg.n_head_per_ngram, vocab_size_per_ngram=sizes_cfg)
+                raise ConfigError(
+                    "layers.engram.kernel_size",
+                    f"the convolution reaches (kernel_size - 1) x max_ngram_size = {halo} positions "
+                    f"back, more than one sequence shard (data.seq_len / context-parallel degree "
+                    f"{ctx.mesh.cp} = {shard} tokens)",
+                )
+        tables = ngram_table_sizes(
+            layer_ids=ids,
+            max_ngram_size=cfg.max_ngram_size,
+            n_head_per_ngram=cfg.n_head_per_ngram,
+            vocab_size_per_ngram=sizes_cfg,
+        )
         dim = cfg.n_embed_per_ngram // cfg.n_head_per_ngram
         d_mem = (cfg.max_ngram_size - 1) * cfg.n_embed_per_ngram
         dense = 2 * (d_mem * m.d_model + m.d_model) + 3 * m.d_model + cfg.kernel_size * m.d_model
@@ -133,29 +149,61 @@ class EngramLayer(LayerPlugin):
         heads = (cfg.max_ngram_size - 1) * cfg.n_head_per_ngram
         tokens = run.trainer.global_batch_size * run.data.seq_len
         lookups = tokens * heads * len(ids)
-        rows = [("Engram blocks", f"{ids} of {m.n_layers}"),
-                ("tables", "; ".join(f"block {layer}: {heads} heads, {sum(s):,} rows x {dim}, {sum(s) * dim:,} params, "
-                                     f"{sum(s) * dim * 4 / 2**20:,.1f} MiB fp32" for layer, s in tables.items())),
-                ("lookups per step", f"{lookups:,} rows = {lookups * dim * 4 / 2**20:,.1f} MiB gathered"),
-                ("sharding", cfg.sharding + ("" if cfg.sharding == "replicated" else
-                                             f": only looked-up rows cross ranks (<= {lookups * dim * 4 * 2 / 2**20:,.1f} "
-                                             "MiB per step, forward + backward)")),
-                ("optimizer", f"tables in their own group: lr x {cfg.table_lr_multiplier}, no weight decay"),
-                ("tokenizer compression", "off: raw ids are hashed" if not cfg.compression else
-                 "byte-level tokenizer" if tok.name == "bytes" else f"{tok.name} vocabulary from {tok.path}")]
+        rows = [
+            ("Engram blocks", f"{ids} of {m.n_layers}"),
+            (
+                "tables",
+                "; ".join(
+                    f"block {layer}: {heads} heads, {sum(s):,} rows x {dim}, {sum(s) * dim:,} params, "
+                    f"{sum(s) * dim * 4 / 2**20:,.1f} MiB fp32"
+                    for layer, s in tables.items()
+                ),
+            ),
+            ("lookups per step", f"{lookups:,} rows = {lookups * dim * 4 / 2**20:,.1f} MiB gathered"),
+            (
+                "sharding",
+                cfg.sharding
+                + (
+                    ""
+                    if cfg.sharding == "replicated"
+                    else f": only looked-up rows cross ranks (<= {lookups * dim * 4 * 2 / 2**20:,.1f} "
+                    "MiB per step, forward + backward)"
+                ),
+            ),
+            ("optimizer", f"tables in their own group: lr x {cfg.table_lr_multiplier}, no weight decay"),
+            (
+                "tokenizer compression",
+                "off: raw ids are hashed"
+                if not cfg.compression
+                else "byte-level tokenizer"
+                if tok.name == "bytes"
+                else f"{tok.name} vocabulary from {tok.path}",
+            ),
+        ]
         n = len(ids)
-        return Contribution(rows=rows, params=table_params + n * dense,
-                            active_params=n * (dense + heads * dim), own_mesh_params=cfg.sharding != "replicated")
+        return Contribution(
+            rows=rows,
+            params=table_params + n * dense,
+            active_params=n * (dense + heads * dim),
+            own_mesh_params=cfg.sharding != "replicated",
+        )
 
     def engram_config(self, cfg: EngramLayerConfig, plan: Any) -> Any:
         """The OLMo-core-style EngramConfig of the blocks."""
         from olmx_plugins.layers.engram.block import EngramConfig
+        from olmx_plugins.layers.engram.sharding import TableSharding
 
         return EngramConfig(
-            layer_ids=layer_ids(cfg, plan.run.model.n_layers), max_ngram_size=cfg.max_ngram_size,
-            n_head_per_ngram=cfg.n_head_per_ngram, n_embed_per_ngram=cfg.n_embed_per_ngram,
-            vocab_size_per_ngram=vocab_sizes(cfg, plan.vocab_size), kernel_size=cfg.kernel_size, seed=cfg.seed,
-            zero_init_conv=cfg.zero_init_conv, table_init_std=cfg.table_init_std, sharding=cfg.sharding,
+            layer_ids=layer_ids(cfg, plan.run.model.n_layers),
+            max_ngram_size=cfg.max_ngram_size,
+            n_head_per_ngram=cfg.n_head_per_ngram,
+            n_embed_per_ngram=cfg.n_embed_per_ngram,
+            vocab_size_per_ngram=vocab_sizes(cfg, plan.vocab_size),
+            kernel_size=cfg.kernel_size,
+            seed=cfg.seed,
+            zero_init_conv=cfg.zero_init_conv,
+            table_init_std=cfg.table_init_std,
+            sharding=TableSharding(cfg.sharding),
             shard_degree=cfg.shard_degree,
         )
 
@@ -166,8 +214,11 @@ class EngramLayer(LayerPlugin):
 
         width = (cfg.max_ngram_size - 1) * cfg.n_embed_per_ngram
         m = ctx.run.model
-        return layers + [LinearLayer(f"blocks.{i}.engram.{w}", width, m.d_model)
-                         for i in layer_ids(cfg, m.n_layers) for w in ("key_proj", "value_proj")]
+        return layers + [
+            LinearLayer(f"blocks.{i}.engram.{w}", width, m.d_model)
+            for i in layer_ids(cfg, m.n_layers)
+            for w in ("key_proj", "value_proj")
+        ]
 
     def apply_model_config(self, cfg: EngramLayerConfig, model_config: Any, plan: Any) -> Any:
         """Extend the block of every Engram index, whatever its kind (another layer plugin's
@@ -208,13 +259,15 @@ class EngramLayer(LayerPlugin):
         if cfg.compression and tok.name != "bytes":
             tokens = tokenizer_json_tokens(os.path.expanduser(tok.path), plan.vocab_size)
         elif cfg.compression:
-            tokens = byte_level_tokens(vocab_size=plan.vocab_size,
-                                       special_tokens={tok.eos_id: "<|endoftext|>", tok.pad_id: "<|pad|>"})
+            tokens = byte_level_tokens(
+                vocab_size=plan.vocab_size, special_tokens={tok.eos_id: "<|endoftext|>", tok.pad_id: "<|pad|>"}
+            )
         else:  # identity map: every raw id is its own canonical id
             tokens = [(None, f"<|id_{i}|>") for i in range(plan.vocab_size)]
         comp = TokenizerCompression(tokens)
-        hasher = self.engram_config(cfg, plan).build_hasher(pad_id=comp.canonical(tok.pad_id),
-                                                            compressed_vocab_size=comp.compressed_vocab_size)
+        hasher = self.engram_config(cfg, plan).build_hasher(
+            pad_id=comp.canonical(tok.pad_id), compressed_vocab_size=comp.compressed_vocab_size
+        )
         apply_engram_inputs(model, compression=comp, hasher=hasher)
 
     def apply_train_module(self, cfg: EngramLayerConfig, train_module: dict[str, Any], plan: Any) -> None:
@@ -225,8 +278,12 @@ class EngramLayer(LayerPlugin):
         from olmx_plugins.layers.engram.block import TABLE_PARAM_PATTERN
 
         optim = train_module["optim"]
-        optim.group_overrides = [*(optim.group_overrides or []), OptimGroupOverride(
-            params=[TABLE_PARAM_PATTERN], opts={"lr": optim.lr * cfg.table_lr_multiplier, "weight_decay": 0.0})]
+        optim.group_overrides = [
+            *(optim.group_overrides or []),
+            OptimGroupOverride(
+                params=[TABLE_PARAM_PATTERN], opts={"lr": optim.lr * cfg.table_lr_multiplier, "weight_decay": 0.0}
+            ),
+        ]
 
 
 ENGRAM = EngramLayer()

@@ -123,7 +123,7 @@ def table_mesh(
                 f"Engram sharding=2d needs shard_degree dividing the world size {world}, "
                 f"got shard_degree={shard_degree}"
             )
-        shape, names = (world // shard_degree, shard_degree), (REPLICATE_DIM, SHARD_DIM)
+        shape, names = (world // shard_degree, shard_degree), (REPLICATE_DIM, SHARD_DIM)  # type: ignore[assignment]
     else:
         raise ValueError("replicated tables have no mesh")
     key = (device_type, shape, world)
@@ -140,9 +140,7 @@ def shard_row_range(num_rows: int, num_shards: int, shard_idx: int) -> tuple[int
 
 
 @torch.no_grad()
-def init_table_rows_(
-    local: torch.Tensor, *, row_start: int, num_rows: int, std: float, seed: int
-) -> None:
+def init_table_rows_(local: torch.Tensor, *, row_start: int, num_rows: int, std: float, seed: int) -> None:
     """Fill ``local`` (rows ``row_start..`` of a ``num_rows``-row table) with N(0, std^2).
 
     Rows are drawn in fixed chunks of 65,536 rows, each chunk whole and from a generator
@@ -158,9 +156,7 @@ def init_table_rows_(
         lo, hi = max(row_start, c0), min(row_end, c0 + _INIT_CHUNK_ROWS)
         gen = torch.Generator(device=local.device).manual_seed(seed * 1_000_003 + chunk)
         chunk_rows = min(_INIT_CHUNK_ROWS, num_rows - c0)
-        values = torch.randn(
-            chunk_rows, dim, generator=gen, device=local.device, dtype=torch.float32
-        )
+        values = torch.randn(chunk_rows, dim, generator=gen, device=local.device, dtype=torch.float32)
         local[lo - row_start : hi - row_start].copy_(values[lo - c0 : hi - c0].mul_(std))
 
 
@@ -180,9 +176,7 @@ class _Exchange:
         self.stats = TableCommStats()
 
 
-def _all_to_all(
-    inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group
-) -> torch.Tensor:
+def _all_to_all(inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
     # gloo's all_to_all_single needs contiguous input and output.
     out = inp.new_empty((sum(out_splits), *inp.shape[1:]))
     dist.all_to_all_single(out, inp.contiguous(), out_splits, in_splits, group=group)
@@ -191,9 +185,7 @@ def _all_to_all(
 
 class _ShardedLookup(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, local_weight: torch.Tensor, rows: torch.Tensor, ex: _Exchange
-    ) -> torch.Tensor:
+    def forward(ctx, local_weight: torch.Tensor, rows: torch.Tensor, ex: _Exchange) -> torch.Tensor:
         uniq, inverse = torch.unique(rows, return_inverse=True)
         owners = torch.div(uniq, ex.block, rounding_mode="floor")
         send_counts = torch.bincount(owners, minlength=ex.shard_size)
@@ -206,9 +198,9 @@ class _ShardedLookup(torch.autograd.Function):
 
         me, dim = ex.shard_rank, local_weight.shape[1]
         elem = local_weight.element_size()
-        ex.stats.forward_bytes += _ID_BYTES * (
-            (ex.shard_size - 1) + sum(send) - send[me]
-        ) + elem * dim * (sum(recv) - recv[me])
+        ex.stats.forward_bytes += _ID_BYTES * ((ex.shard_size - 1) + sum(send) - send[me]) + elem * dim * (
+            sum(recv) - recv[me]
+        )
         ex.stats.lookups += rows.numel()
         ex.stats.unique_rows += uniq.numel()
 
@@ -218,7 +210,7 @@ class _ShardedLookup(torch.autograd.Function):
         return vectors[inverse]
 
     @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad_out: torch.Tensor):
         inverse, local_rows = ctx.saved_tensors
         ex: _Exchange = ctx.ex
         dim = grad_out.shape[-1]
@@ -242,13 +234,11 @@ class _ShardedLookup(torch.autograd.Function):
             grads_padded = grad_touched.new_zeros(pad, dim)
             grads_padded[: touched.numel()] = grad_touched
             for n, rows_r, grads_r in zip(
-                counts, _all_gather(rows_padded, ex), _all_gather(grads_padded, ex)
+                counts, _all_gather(rows_padded, ex), _all_gather(grads_padded, ex), strict=True
             ):
                 n = int(n.item())
                 grad_local.index_add_(0, rows_r[:n], grads_r[:n])
-            ex.stats.backward_bytes += (ex.replicate_size - 1) * (
-                _ID_BYTES + pad * (_ID_BYTES + elem * dim)
-            )
+            ex.stats.backward_bytes += (ex.replicate_size - 1) * (_ID_BYTES + pad * (_ID_BYTES + elem * dim))
         if ex.grad_divide_factor != 1:
             grad_local.div_(ex.grad_divide_factor)
         return grad_local, None, None
@@ -311,19 +301,14 @@ class EngramTable(nn.Module):
             self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim, device=init_device))
         else:
             mesh = mesh or table_mesh(self.sharding, shard_degree=shard_degree)
-            expected = (
-                (SHARD_DIM,) if self.sharding == TableSharding.one_d else (REPLICATE_DIM, SHARD_DIM)
-            )
+            expected = (SHARD_DIM,) if self.sharding == TableSharding.one_d else (REPLICATE_DIM, SHARD_DIM)
             if tuple(mesh.mesh_dim_names or ()) != expected:
                 raise ValueError(
-                    f"sharding={self.sharding.value} needs a mesh with dimensions {expected}, "
-                    f"got {mesh.mesh_dim_names}"
+                    f"sharding={self.sharding.value} needs a mesh with dimensions {expected}, got {mesh.mesh_dim_names}"
                 )
             divide = float(mesh.size()) if grad_divide_factor is None else grad_divide_factor
             self._exchange = _Exchange(mesh, self.num_rows, divide)
-            start, end = shard_row_range(
-                self.num_rows, self._exchange.shard_size, self._exchange.shard_rank
-            )
+            start, end = shard_row_range(self.num_rows, self._exchange.shard_size, self._exchange.shard_rank)
             placements = [Shard(0)] if mesh.ndim == 1 else [Replicate(), Shard(0)]
             local = torch.empty(end - start, self.dim, device=init_device)
             self.weight = nn.Parameter(
@@ -387,10 +372,7 @@ class EngramTable(nn.Module):
         return flat.view(*rows.shape, self.dim)
 
     def extra_repr(self) -> str:
-        return (
-            f"rows={self.num_rows}, dim={self.dim}, heads={len(self.table_sizes)}, "
-            f"sharding={self.sharding.value}"
-        )
+        return f"rows={self.num_rows}, dim={self.dim}, heads={len(self.table_sizes)}, sharding={self.sharding.value}"
 
 
 def collect_comm_stats(module: nn.Module, *, reset: bool = True) -> TableCommStats:

@@ -144,10 +144,13 @@ class MoEFeedForwardConfig(Config):
             hidden_size=self.hidden_size,
             capacity_factor=self.capacity_factor,
             router=MoERouterConfig(
-                top_k=self.top_k, normalize_expert_weights=self.normalize_expert_weights,
-                bias_gamma=self.bias_gamma, gating_function=MoERouterGatingFunction(self.gating),
+                top_k=self.top_k,
+                normalize_expert_weights=self.normalize_expert_weights,
+                bias_gamma=self.bias_gamma,
+                gating_function=MoERouterGatingFunction(self.gating),
             ),
-            shared_mlp=None if self.shared_hidden_size is None
+            shared_mlp=None
+            if self.shared_hidden_size is None
             else FeedForwardConfig(hidden_size=self.shared_hidden_size, bias=False, dtype=self.dtype),
             lb_loss_weight=self.lb_loss_weight,
             z_loss_weight=self.z_loss_weight,
@@ -155,9 +158,7 @@ class MoEFeedForwardConfig(Config):
             dtype=self.dtype,
         )
 
-    def build(
-        self, d_model: int, *, layer_idx: int = 0, n_layers: int = 1, init_device: str = "cpu"
-    ) -> MoEFeedForward:
+    def build(self, d_model: int, *, layer_idx: int = 0, n_layers: int = 1, init_device: str = "cpu") -> MoEFeedForward:
         """Build the layer for block ``layer_idx`` of ``n_layers``."""
         self.validate()
         scale = n_layers if self.scale_loss_by_num_layers else 1
@@ -210,10 +211,18 @@ class MoEBlockConfig(TransformerBlockConfig):
         ``moe_reordered_norm`` for ``reordered_norm``); the model holding it must be a
         ``TransformerType.moe`` model (``MoETransformer``)."""
         moe = self._check()
-        name = (TransformerBlockType.moe_reordered_norm if self.name == TransformerBlockType.reordered_norm
-                else TransformerBlockType.moe)
-        return TransformerBlockConfig(sequence_mixer=self.sequence_mixer, layer_norm=self.layer_norm, name=name,
-                                      dropout=self.dropout, feed_forward_moe=moe.to_olmo_core_v1())
+        name = (
+            TransformerBlockType.moe_reordered_norm
+            if self.name == TransformerBlockType.reordered_norm
+            else TransformerBlockType.moe
+        )
+        return TransformerBlockConfig(
+            sequence_mixer=self.sequence_mixer,
+            layer_norm=self.layer_norm,
+            name=name,
+            dropout=self.dropout,
+            feed_forward_moe=moe.to_olmo_core_v1(),
+        )
 
     def _check(self) -> MoEFeedForwardConfig:
         if self.moe is None:
@@ -227,9 +236,7 @@ class MoEBlockConfig(TransformerBlockConfig):
         if self.attention_residual_alpha is not None or self.feed_forward_residual_alpha is not None:
             raise OLMoConfigurationError("MoEBlockConfig does not support residual alphas")
         if self.name not in (TransformerBlockType.default, TransformerBlockType.reordered_norm):
-            raise OLMoConfigurationError(
-                f"MoEBlockConfig.name={self.name!r} must be 'default' or 'reordered_norm'"
-            )
+            raise OLMoConfigurationError(f"MoEBlockConfig.name={self.name!r} must be 'default' or 'reordered_norm'")
         self.moe.validate()
         return self.moe
 
@@ -259,9 +266,7 @@ class MoEBlockConfig(TransformerBlockConfig):
         moe = self._check()
         assert self.layer_norm is not None
         return (
-            self.sequence_mixer.num_params(d_model)
-            + 2 * self.layer_norm.num_params(d_model)
-            + moe.num_params(d_model)
+            self.sequence_mixer.num_params(d_model) + 2 * self.layer_norm.num_params(d_model) + moe.num_params(d_model)
         )
 
     def num_active_params(self, d_model: int) -> int:

@@ -67,10 +67,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed._functional_collectives import all_to_all_single_autograd
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from .modules import MoEExperts, MoEFeedForward, moe_layers
 
@@ -95,9 +95,7 @@ class ExpertParallelDispatch:
         self.group = group
         self.world_size = dist.get_world_size(group)
 
-    def __call__(
-        self, rows: torch.Tensor, tokens_per_expert: torch.Tensor, experts: MoEExperts
-    ) -> torch.Tensor:
+    def __call__(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor, experts: MoEExperts) -> torch.Tensor:
         """Expert outputs for ``rows`` sorted by global expert (``tokens_per_expert``: ``[E]``)."""
         P = self.world_size
         num_local = tokens_per_expert.numel() // P
@@ -115,11 +113,9 @@ class ExpertParallelDispatch:
             inverse = torch.empty_like(perm)
             inverse[perm] = torch.arange(perm.numel(), device=perm.device)
 
-        received = all_to_all(rows, output_split_sizes=recv_splits, input_split_sizes=send_splits,
-                              group=self.group)
+        received = all_to_all(rows, output_split_sizes=recv_splits, input_split_sizes=send_splits, group=self.group)
         out = experts(received[perm], recv_counts.sum(0))
-        return all_to_all(out[inverse], output_split_sizes=send_splits, input_split_sizes=recv_splits,
-                          group=self.group)
+        return all_to_all(out[inverse], output_split_sizes=send_splits, input_split_sizes=recv_splits, group=self.group)
 
 
 def _shard_experts(moe: MoEFeedForward, ep_mesh: DeviceMesh) -> None:

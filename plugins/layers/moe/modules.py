@@ -118,9 +118,7 @@ def load_balancing_loss(
     return (num_experts / top_k) * torch.dot(counts, scores.mean(dim=0)) / div
 
 
-def router_z_loss(
-    logits: torch.Tensor, *, loss_div_factor: torch.Tensor | float | None = None
-) -> torch.Tensor:
+def router_z_loss(logits: torch.Tensor, *, loss_div_factor: torch.Tensor | float | None = None) -> torch.Tensor:
     """Router z-loss ``sum_t logsumexp(logits_t)^2 / D`` (``D = N`` when ``None``)."""
     div = logits.shape[0] if loss_div_factor is None else loss_div_factor
     return torch.logsumexp(logits, dim=-1).square().sum() / div
@@ -172,10 +170,7 @@ def _grouped_mm_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     if not hasattr(F, "grouped_mm") or x.dtype not in _GROUPED_MM_DTYPES or x.dtype != w.dtype:
         return False
     size = x.element_size()
-    return (
-        x.is_contiguous() and w.is_contiguous()
-        and (x.shape[1] * size) % 16 == 0 and (w.shape[2] * size) % 16 == 0
-    )
+    return x.is_contiguous() and w.is_contiguous() and (x.shape[1] * size) % 16 == 0 and (w.shape[2] * size) % 16 == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,12 +206,12 @@ class _ScaleGrad(torch.autograd.Function):
     """Identity in the forward pass; multiplies the gradient by ``scale``."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.scale = scale
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         return grad * ctx.scale, None
 
 
@@ -496,14 +491,25 @@ class MoEFeedForward(nn.Module):
             init_device=init_device,
         )
         self.experts = MoEExperts(
-            num_experts, d_model, hidden_size, init_std=init_std, seed_key=f"{seed_key}.experts",
-            dtype=dtype, init_device=init_device,
+            num_experts,
+            d_model,
+            hidden_size,
+            init_std=init_std,
+            seed_key=f"{seed_key}.experts",
+            dtype=dtype,
+            init_device=init_device,
         )
         self.shared_expert = (
             None
             if shared_hidden_size is None
-            else SharedExpert(d_model, shared_hidden_size, init_std=init_std,
-                              seed_key=f"{seed_key}.shared_expert", dtype=dtype, init_device=init_device)
+            else SharedExpert(
+                d_model,
+                shared_hidden_size,
+                init_std=init_std,
+                seed_key=f"{seed_key}.shared_expert",
+                dtype=dtype,
+                init_device=init_device,
+            )
         )
         # Metric accumulators since the last ``compute_metrics(reset=True)``; plain attributes
         # (not buffers) so that dtype casts, checkpoints and FSDP leave them alone.
@@ -532,12 +538,11 @@ class MoEFeedForward(nn.Module):
         """Per-expert capacity for ``num_tokens`` local tokens, ``None`` when dropless."""
         if self.capacity_factor is None:
             return None
-        return expert_capacity(num_tokens, num_experts=self.num_experts, top_k=self.top_k,
-                               capacity_factor=self.capacity_factor)
+        return expert_capacity(
+            num_tokens, num_experts=self.num_experts, top_k=self.top_k, capacity_factor=self.capacity_factor
+        )
 
-    def forward(
-        self, x: torch.Tensor, *, loss_div_factor: torch.Tensor | float | None = None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, loss_div_factor: torch.Tensor | float | None = None) -> torch.Tensor:
         """Apply the MoE to ``x`` (``[..., d_model]``).
 
         :param loss_div_factor: Token count the aux losses are divided by (OLMo-core passes the
@@ -582,8 +587,7 @@ class MoEFeedForward(nn.Module):
             scores = route.scores
             if self.router.gating == "sigmoid":
                 scores = scores / scores.sum(dim=-1, keepdim=True)
-            lb = load_balancing_loss(scores, route.tokens_per_expert, top_k=self.top_k,
-                                     loss_div_factor=loss_div_factor)
+            lb = load_balancing_loss(scores, route.tokens_per_expert, top_k=self.top_k, loss_div_factor=loss_div_factor)
             self.last_aux_losses["lb_loss"] = lb.detach()
             self._accumulate("lb_loss", lb)
             total = self.lb_loss_weight * lb
@@ -675,9 +679,7 @@ def v1_state_dict_to_portable(
     return out
 
 
-def portable_state_dict_to_v1(
-    state_dict: dict[str, torch.Tensor], *, dropless: bool
-) -> dict[str, torch.Tensor]:
+def portable_state_dict_to_v1(state_dict: dict[str, torch.Tensor], *, dropless: bool) -> dict[str, torch.Tensor]:
     """Inverse of :func:`v1_state_dict_to_portable`: this layer's state dict (keys relative to
     the layer) in OLMo-core v1's ``MoEBase`` layout (``DroplessMoE`` when ``dropless``, else
     the capacity ``MoE``). The shapes are read off the tensors."""
@@ -731,8 +733,9 @@ def convert_model_state_dict(
             out[key] = value
     for block, sd in layers.items():
         if to == "portable":
-            sd = v1_state_dict_to_portable(sd, num_experts=num_experts, d_model=d_model,
-                                           hidden_size=hidden_size, dropless=dropless)
+            sd = v1_state_dict_to_portable(
+                sd, num_experts=num_experts, d_model=d_model, hidden_size=hidden_size, dropless=dropless
+            )
         else:
             sd = portable_state_dict_to_v1(sd, dropless=dropless)
         out.update({f"{block}.{dst}.{k}": v for k, v in sd.items()})

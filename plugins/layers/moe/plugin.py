@@ -62,9 +62,10 @@ class MoEConfig:
     blocks: Optional[list[int]] = None
     #: ``portable`` (olmx's MoE, runs everywhere, the tested reference), ``olmo_core``
     #: (OLMo-core's v1 MoE with its Triton/CUDA kernels: CUDA only, not with expert parallelism
-    #: over replicated parameters (ddp_ep) or a shared expert) or ``auto``: portable for now, because olmx has not yet run the olmo_core path on
-    #: a GPU (its parity test is marked gpu) and the two paths' checkpoints differ in their MoE
-    #: keys (a resume must keep its backend); the plan says which and why.
+    #: over replicated parameters (ddp_ep) or a shared expert) or ``auto``: portable for now,
+    #: because olmx has not yet run the olmo_core path on a GPU (its parity test is marked gpu)
+    #: and the two paths' checkpoints differ in their MoE keys (a resume must keep its backend);
+    #: the plan says which and why.
     backend: str = "auto"
 
 
@@ -83,15 +84,20 @@ def expert_hidden(cfg: MoEConfig, model: Any) -> int:
 def olmo_core_problem(cfg: MoEConfig, mesh: Mesh, world: World) -> Optional[str]:
     """Why OLMo-core's v1 MoE cannot run this layer on this mesh and world (None: it can)."""
     if world.device != "cuda":
-        return (f"OLMo-core's MoE needs CUDA (its token permutation is Triton kernels) and this run's device is "
-                f"{world.device_name} ({world.device})")
+        return (
+            f"OLMo-core's MoE needs CUDA (its token permutation is Triton kernels) and this run's device is "
+            f"{world.device_name} ({world.device})"
+        )
     if mesh.ep > 1 and not mesh.shards_params:
-        return ("OLMo-core's expert parallelism over replicated (DDP) parameters is its v2 stack "
-                "(OLMoDDPModelConfig), which olmx does not map: use a data-parallel strategy that shards "
-                "parameters (parallel=[hsdp] parallel.hsdp.expert_parallel=true), or the portable backend")
+        return (
+            "OLMo-core's expert parallelism over replicated (DDP) parameters is its v2 stack "
+            "(OLMoDDPModelConfig), which olmx does not map: use a data-parallel strategy that shards "
+            "parameters (parallel=[hsdp] parallel.hsdp.expert_parallel=true), or the portable backend"
+        )
     if cfg.shared_hidden_size is not None:
-        return ("OLMo-core's v1 MoE mixes a shared expert as shared/(k+1) + routed*k/(k+1), not as olmx's "
-                "shared + routed")
+        return (
+            "OLMo-core's v1 MoE mixes a shared expert as shared/(k+1) + routed*k/(k+1), not as olmx's shared + routed"
+        )
     return None
 
 
@@ -101,15 +107,18 @@ def choose_backend(cfg: MoEConfig, mesh: Mesh, world: World) -> tuple[str, str]:
     problem = olmo_core_problem(cfg, mesh, world)
     if cfg.backend == "olmo_core":
         if problem:
-            raise ConfigError("layers.moe.backend", f"olmo_core cannot run here: {problem}; "
-                              "use layers.moe.backend=portable or auto")
+            raise ConfigError(
+                "layers.moe.backend", f"olmo_core cannot run here: {problem}; use layers.moe.backend=portable or auto"
+            )
         return "olmo_core", "chosen"
     if cfg.backend == "portable":
         return "portable", "chosen"
     if problem:
         return "portable", f"auto: {problem}"
-    return "portable", ("auto: OLMo-core's MoE could run here but is opt-in (layers.moe.backend=olmo_core) until "
-                        "olmx has checked it on a GPU")
+    return "portable", (
+        "auto: OLMo-core's MoE could run here but is opt-in (layers.moe.backend=olmo_core) until "
+        "olmx has checked it on a GPU"
+    )
 
 
 class MoELayer(LayerPlugin):
@@ -135,7 +144,9 @@ class MoELayer(LayerPlugin):
         if cfg.num_experts < 1:
             raise ConfigError("layers.moe.num_experts", f"must be at least 1, got {cfg.num_experts}")
         if not 1 <= cfg.top_k <= cfg.num_experts:
-            raise ConfigError("layers.moe.top_k", f"{cfg.top_k} must be between 1 and layers.moe.num_experts={cfg.num_experts}")
+            raise ConfigError(
+                "layers.moe.top_k", f"{cfg.top_k} must be between 1 and layers.moe.num_experts={cfg.num_experts}"
+            )
         if cfg.gating not in GATINGS:
             raise ConfigError("layers.moe.gating", f"'{cfg.gating}' is not one of {', '.join(GATINGS)}")
         if cfg.backend not in BACKENDS:
@@ -158,18 +169,29 @@ class MoELayer(LayerPlugin):
         dense = 3 * d * m.hidden_size
         dispatch = "dropless" if cfg.capacity_factor is None else f"capacity factor {cfg.capacity_factor}"
         backend, why = choose_backend(cfg, mesh, ctx.world)
-        rows = [("backend", f"{backend} ({why})"),
-                ("MoE blocks", f"{blocks} of {m.n_layers}"),
-                ("experts", f"{cfg.num_experts} x SwiGLU({d}->{h}), top-{cfg.top_k} {cfg.gating}, {dispatch}"),
-                ("parameters per MoE block", f"{per_block:,} total, {active:,} active")]
+        rows = [
+            ("backend", f"{backend} ({why})"),
+            ("MoE blocks", f"{blocks} of {m.n_layers}"),
+            ("experts", f"{cfg.num_experts} x SwiGLU({d}->{h}), top-{cfg.top_k} {cfg.gating}, {dispatch}"),
+            ("parameters per MoE block", f"{per_block:,} total, {active:,} active"),
+        ]
         if cfg.shared_hidden_size:
             rows.append(("shared expert", f"SwiGLU({d}->{cfg.shared_hidden_size})"))
         if mesh.ep > 1:
-            rows.append(("expert parallel", f"{cfg.num_experts // mesh.ep} experts per rank over {mesh.ep} ranks, "
-                                            f"{mesh.size // mesh.ep} replica group(s)"))
-        return Contribution(rows=rows, params=len(blocks) * (per_block - dense),
-                            active_params=len(blocks) * (active - dense), decisions={"backend": backend},
-                            own_mesh_params=mesh.ep > 1 and backend == "portable")
+            rows.append(
+                (
+                    "expert parallel",
+                    f"{cfg.num_experts // mesh.ep} experts per rank over {mesh.ep} ranks, "
+                    f"{mesh.size // mesh.ep} replica group(s)",
+                )
+            )
+        return Contribution(
+            rows=rows,
+            params=len(blocks) * (per_block - dense),
+            active_params=len(blocks) * (active - dense),
+            decisions={"backend": backend},
+            own_mesh_params=mesh.ep > 1 and backend == "portable",
+        )
 
     def linear_layers(self, cfg: MoEConfig, ctx: Context, layers: list[Any]) -> list[Any]:
         """The model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) with MoE blocks: their
@@ -182,8 +204,11 @@ class MoELayer(LayerPlugin):
         out = [layer for layer in layers if not layer.name.startswith(gone)]
         d, s = ctx.run.model.d_model, cfg.shared_hidden_size
         if s:
-            out += [LinearLayer(f"blocks.{i}.moe.shared_expert.{w}", a, b, subclass=True)
-                    for i in blocks for w, a, b in (("w1", d, s), ("w2", s, d), ("w3", d, s))]
+            out += [
+                LinearLayer(f"blocks.{i}.moe.shared_expert.{w}", a, b, subclass=True)
+                for i in blocks
+                for w, a, b in (("w1", d, s), ("w2", s, d), ("w3", d, s))
+            ]
         return out
 
     def moe_config(self, cfg: MoEConfig, plan: Any) -> Any:
@@ -192,11 +217,18 @@ class MoELayer(LayerPlugin):
 
         model = plan.run.model
         return MoEFeedForwardConfig(
-            num_experts=cfg.num_experts, top_k=cfg.top_k, hidden_size=expert_hidden(cfg, model),
-            gating=cfg.gating, normalize_expert_weights=cfg.normalize_expert_weights, bias_gamma=cfg.bias_gamma,
-            shared_hidden_size=cfg.shared_hidden_size, capacity_factor=cfg.capacity_factor,
-            lb_loss_weight=cfg.lb_loss_weight, z_loss_weight=cfg.z_loss_weight,
-            init_std=model.init_std, init_seed=plan.run.trainer.seed,
+            num_experts=cfg.num_experts,
+            top_k=cfg.top_k,
+            hidden_size=expert_hidden(cfg, model),
+            gating=cfg.gating,
+            normalize_expert_weights=cfg.normalize_expert_weights,
+            bias_gamma=cfg.bias_gamma,
+            shared_hidden_size=cfg.shared_hidden_size,
+            capacity_factor=cfg.capacity_factor,
+            lb_loss_weight=cfg.lb_loss_weight,
+            z_loss_weight=cfg.z_loss_weight,
+            init_std=model.init_std,
+            init_seed=plan.run.trainer.seed,
         )
 
     def apply_model_config(self, cfg: MoEConfig, model_config: Any, plan: Any) -> Any:
@@ -208,8 +240,10 @@ class MoELayer(LayerPlugin):
         from olmx_plugins.layers.moe.block import MoEBlockConfig
 
         if isinstance(model_config.block, dict):
-            raise ConfigError("layers.moe", "another layer plugin already replaced the blocks; "
-                              "combining it with moe is not supported yet")
+            raise ConfigError(
+                "layers.moe",
+                "another layer plugin already replaced the blocks; combining it with moe is not supported yet",
+            )
         dense = model_config.block
         moe: Any = MoEBlockConfig.from_dense(dense, moe=self.moe_config(cfg, plan))
         if self.backend(plan) == "olmo_core":
@@ -219,8 +253,9 @@ class MoELayer(LayerPlugin):
             overrides = dict(model_config.block_overrides or {})
             overrides.update({i: moe for i in moe_blocks(cfg, model_config.n_layers)})
             return replace(model_config, block_overrides=overrides)
-        return replace(model_config, block={"dense": dense, "moe": moe},
-                       block_pattern=["dense"] * (cfg.every - 1) + ["moe"])
+        return replace(
+            model_config, block={"dense": dense, "moe": moe}, block_pattern=["dense"] * (cfg.every - 1) + ["moe"]
+        )
 
     def apply_model(self, cfg: MoEConfig, model: Any, plan: Any) -> None:
         """With ``mesh.ep > 1`` on the portable backend: shard the experts over each group of

@@ -23,14 +23,23 @@ def _engram_model():
     from olmx_plugins.layers.engram.compression import TokenizerCompression, byte_level_tokens
 
     # N = 3, kernel 4: the convolution reaches (4 - 1) * 3 = 9 positions back, the hashes 2.
-    engram = EngramConfig(layer_ids=[1], n_embed_per_ngram=32, n_head_per_ngram=4, vocab_size_per_ngram=[500, 500],
-                          zero_init_conv=False)
-    config = TransformerConfig.llama_like(d_model=64, vocab_size=384, n_layers=2, n_heads=4, n_kv_heads=1,
-                                          attn_backend=AttentionBackendName.torch)
+    engram = EngramConfig(
+        layer_ids=[1], n_embed_per_ngram=32, n_head_per_ngram=4, vocab_size_per_ngram=[500, 500], zero_init_conv=False
+    )
+    config = TransformerConfig.llama_like(
+        d_model=64, vocab_size=384, n_layers=2, n_heads=4, n_kv_heads=1, attn_backend=AttentionBackendName.torch
+    )
     base = config.block
-    config.block = {"dense": base, "engram": EngramBlockConfig(
-        sequence_mixer=base.sequence_mixer, layer_norm=base.layer_norm, feed_forward=base.feed_forward,
-        name=base.name, engram=engram)}
+    config.block = {
+        "dense": base,
+        "engram": EngramBlockConfig(
+            sequence_mixer=base.sequence_mixer,
+            layer_norm=base.layer_norm,
+            feed_forward=base.feed_forward,
+            name=base.name,
+            engram=engram,
+        ),
+    }
     config.block_pattern = ["dense", "engram"]
     torch.manual_seed(0)
     model = config.build(init_device="cpu")

@@ -35,10 +35,12 @@ def _tiny(n_heads: int, n_kv_heads: int, window: int | None, sinks: bool):
 
     sliding = None
     if window is not None:
-        sliding = SlidingWindowAttentionConfig(pattern=[window], force_full_attention_on_first_layer=False,
-                                               force_full_attention_on_last_layer=True)
-    config = TransformerConfig.llama_like(d_model=48, vocab_size=VOCAB, n_layers=2, n_heads=n_heads,
-                                          n_kv_heads=n_kv_heads, sliding_window=sliding)
+        sliding = SlidingWindowAttentionConfig(
+            pattern=[window], force_full_attention_on_first_layer=False, force_full_attention_on_last_layer=True
+        )
+    config = TransformerConfig.llama_like(
+        d_model=48, vocab_size=VOCAB, n_layers=2, n_heads=n_heads, n_kv_heads=n_kv_heads, sliding_window=sliding
+    )
     if sinks:
         config.block.sequence_mixer.attention_sinks = True
     torch.manual_seed(0)
@@ -169,7 +171,7 @@ def test_kv_replication_keeps_every_query_head_on_its_kv_head():
                 original = torch.arange(n_kv).repeat_interleave(m // n_kv)  # replicated -> original
                 for rank in range(degree):
                     q_heads = range(rank * n_heads // degree, (rank + 1) * n_heads // degree)
-                    kv_local = original[rank * m // degree:(rank + 1) * m // degree]
+                    kv_local = original[rank * m // degree : (rank + 1) * m // degree]
                     group = n_heads // degree // len(kv_local)  # the backend's n_rep on this rank
                     for j, q in enumerate(q_heads):
                         assert kv_local[j // group] == q // (n_heads // n_kv)

@@ -37,9 +37,11 @@ def test_fsdp_ulysses_plan_shards_each_sequence_over_the_group():
     assert r["tokens per rank"] == "8,192 / 2 = 4,096 per sequence, 32,768 per micro-batch of 8"
     assert r["heads per rank in attention"] == "2 of 4 query, 2 of 4 kv"
     # tiny model: 4 heads of 32 dims; fp32: 8 x 4096 tokens x 4 heads x 32 x 4 bytes = 16 MiB each
-    assert r["all-to-all per layer"].startswith("64.00 MiB per rank forward + the same backward "
-                                                "(q 16.00 MiB, k 16.00 MiB, v 16.00 MiB, out 16.00 MiB; "
-                                                "4-byte activations; 1/2 leaves the rank)")
+    assert r["all-to-all per layer"].startswith(
+        "64.00 MiB per rank forward + the same backward "
+        "(q 16.00 MiB, k 16.00 MiB, v 16.00 MiB, out 16.00 MiB; "
+        "4-byte activations; 1/2 leaves the rank)"
+    )
     assert r["all-to-all per micro-batch"] == "512.00 MiB per rank (4 layers, forward + backward)"
 
 
@@ -47,8 +49,12 @@ def test_two_data_by_two_sequence_ranks_and_hsdp():
     plan = plan_for("infra.nproc_per_node=4", "parallel=[ddp,ulysses]")
     assert plan.mesh.dims() == {"dp": 2, "cp": 2} and plan.batch.dp_ranks == 2
     assert rows(plan)["degree"] == "2 ranks per sequence, 2 sequence group(s)"
-    plan = plan_for("infra.nproc_per_node=8", "parallel=[hsdp,ulysses]", "parallel.hsdp.shard_degree=2",
-                    "trainer.micro_batch_size=4")
+    plan = plan_for(
+        "infra.nproc_per_node=8",
+        "parallel=[hsdp,ulysses]",
+        "parallel.hsdp.shard_degree=2",
+        "trainer.micro_batch_size=4",
+    )
     assert plan.mesh.dims() == {"dp_replicate": 2, "dp_shard": 2, "cp": 2}
 
 
@@ -62,17 +68,24 @@ def test_kv_heads_are_replicated_instead_of_refused():
 
 
 def test_refusals_name_the_field_and_the_numbers():
-    assert refusal("parallel=[fsdp,ulysses]", "parallel.ulysses.degree=0") == \
-        "parallel.ulysses.degree: must be at least 1, got 0"
-    assert refusal("parallel=[fsdp,ulysses]", "parallel.ulysses.degree=4") == \
-        "parallel.ulysses.degree: 4 must divide the world size 2 (1 node(s) x 2 processes)"
-    assert refusal("infra.nproc_per_node=3", "parallel=[ddp,ulysses]", "parallel.ulysses.degree=3") == \
-        ("parallel.ulysses.degree: 3 must divide model.n_heads=4: each rank attends with n_heads/degree heads")
+    assert (
+        refusal("parallel=[fsdp,ulysses]", "parallel.ulysses.degree=0")
+        == "parallel.ulysses.degree: must be at least 1, got 0"
+    )
+    assert (
+        refusal("parallel=[fsdp,ulysses]", "parallel.ulysses.degree=4")
+        == "parallel.ulysses.degree: 4 must divide the world size 2 (1 node(s) x 2 processes)"
+    )
+    assert refusal("infra.nproc_per_node=3", "parallel=[ddp,ulysses]", "parallel.ulysses.degree=3") == (
+        "parallel.ulysses.degree: 3 must divide model.n_heads=4: each rank attends with n_heads/degree heads"
+    )
     assert refusal("parallel=[ddp,ulysses]", "data.seq_len=255").startswith(
-        "data.seq_len: 255 must be divisible by parallel.ulysses.degree=2: each rank holds seq_len/degree tokens")
+        "data.seq_len: 255 must be divisible by parallel.ulysses.degree=2: each rank holds seq_len/degree tokens"
+    )
     assert refusal("parallel=[ddp,ulysses]", "model.attn_backend=te", "model.n_kv_heads=1").startswith(
         "model.attn_backend: 'te' does its own Ulysses all-to-all and needs model.n_kv_heads=1 to be a multiple "
-        "of parallel.ulysses.degree=2")
+        "of parallel.ulysses.degree=2"
+    )
     # Ulysses is not a data-parallel strategy: two processes still need one
     assert refusal("parallel=[ulysses]").startswith("parallel: 2 processes need a data-parallel strategy")
 
@@ -95,8 +108,10 @@ def test_activation_checkpointing_modes():
 
     from olmx.worker.train import LONG_CONTEXT_AC_MODULES, activation_checkpointing_config
 
-    assert refusal("trainer.activation_checkpointing=selected_ops") == \
-        "trainer.activation_checkpointing: 'selected_ops' is not one of full, long_context, null"
+    assert (
+        refusal("trainer.activation_checkpointing=selected_ops")
+        == "trainer.activation_checkpointing: 'selected_ops' is not one of full, long_context, null"
+    )
     for mode in ("full", "long_context"):
         plan_for(f"trainer.activation_checkpointing={mode}")
     ac = activation_checkpointing_config("long_context")

@@ -16,9 +16,20 @@ from tests.conftest import olmx_cli
 
 pytestmark = pytest.mark.dist
 
-SMALL = ["trainer.report=false", "model.d_model=64", "model.n_layers=2", "model.hidden_size=256", "model.n_kv_heads=1",
-         "model.sliding_window=[16]", "data.seq_len=64", "trainer.global_batch_size=8", "trainer.warmup_steps=2",
-         "trainer.lr=3e-3", "trainer.max_steps=6", "trainer.save_interval=100"]
+SMALL = [
+    "trainer.report=false",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.hidden_size=256",
+    "model.n_kv_heads=1",
+    "model.sliding_window=[16]",
+    "data.seq_len=64",
+    "trainer.global_batch_size=8",
+    "trainer.warmup_steps=2",
+    "trainer.lr=3e-3",
+    "trainer.max_steps=6",
+    "trainer.save_interval=100",
+]
 
 
 def train(run_dir: Path, env: dict, *overrides: str) -> list[float]:
@@ -38,8 +49,14 @@ def test_ddp_by_ulysses_over_four_processes_matches_one_process(tmp_path, tmp_pa
     """
     env = {"OLMX_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
     single = train(tmp_path / "p1", env, "infra.nproc_per_node=1", "parallel=[]", "trainer.micro_batch_size=4")
-    ddp = train(tmp_path / "ddp", env, "infra.nproc_per_node=4", "parallel=[ddp,ulysses]",
-                "trainer.micro_batch_size=2", "trainer.activation_checkpointing=long_context")
+    ddp = train(
+        tmp_path / "ddp",
+        env,
+        "infra.nproc_per_node=4",
+        "parallel=[ddp,ulysses]",
+        "trainer.micro_batch_size=2",
+        "trainer.activation_checkpointing=long_context",
+    )
     assert ddp == pytest.approx(single, rel=2e-5)
     assert single[-1] < single[0] - 0.1  # it learns
     import yaml

@@ -27,8 +27,8 @@ from olmx_plugins.precision.mx import ao_mx_config
 from olmx_plugins.precision.mxfp8 import MXFP8Config
 
 E4M3_MAX = 448.0
-SUBNORMAL_HALF_STEP = 2.0 ** -10
-EPS = {"rceil": 2.0 ** -4, "floor": 2.0 ** -3}
+SUBNORMAL_HALF_STEP = 2.0**-10
+EPS = {"rceil": 2.0**-4, "floor": 2.0**-3}
 
 
 def mx_linear(linear: nn.Linear, mode: str) -> nn.Linear:
@@ -112,9 +112,11 @@ def test_emulated_mx_linear_is_within_the_fp8_block_scaled_error_bound(mode):
     w = ref.weight.detach()
     y_ref, dx_ref, dw_ref = forward_backward(ref, x, dy)
     y, dx, dw = forward_backward(mx, x, dy)
-    for got, want, bound in ((y, y_ref, gemm_bound(x, w, mode)),
-                             (dx, dx_ref, gemm_bound(dy, w.T.contiguous(), mode)),
-                             (dw, dw_ref, gemm_bound(dy.T.contiguous(), x.T.contiguous(), mode))):
+    for got, want, bound in (
+        (y, y_ref, gemm_bound(x, w, mode)),
+        (dx, dx_ref, gemm_bound(dy, w.T.contiguous(), mode)),
+        (dw, dw_ref, gemm_bound(dy.T.contiguous(), x.T.contiguous(), mode)),
+    ):
         err = (got - want).abs()
         assert (err <= bound * (1 + 1e-4) + 1e-6).all(), f"max err/bound {(err / bound).max():.3f}"
         # On average the rounding errors are far below the worst case and largely cancel ...

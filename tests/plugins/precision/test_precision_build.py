@@ -25,23 +25,28 @@ def linears(module: nn.Module) -> list[tuple[str, int, int]]:
 
 
 def test_torch_free_layer_list_is_the_built_models():
-    for cfg in (ModelConfig(d_model=64, n_layers=2, n_heads=4, hidden_size=96),
-                ModelConfig(d_model=96, n_layers=3, n_heads=6, n_kv_heads=2, hidden_size=256)):
+    for cfg in (
+        ModelConfig(d_model=64, n_layers=2, n_heads=4, hidden_size=96),
+        ModelConfig(d_model=96, n_layers=3, n_heads=6, n_kv_heads=2, hidden_size=256),
+    ):
         planned = [(layer.name, layer.in_features, layer.out_features) for layer in dense_linears(cfg, VOCAB)]
         assert sorted(planned) == sorted(linears(build(cfg)))
 
 
-@pytest.mark.parametrize("layers", [
-    ["layers=[moe]", "layers.moe.every=2", "layers.moe.shared_hidden_size=64"],
-    ["layers=[engram]"],
-])
+@pytest.mark.parametrize(
+    "layers",
+    [
+        ["layers=[moe]", "layers.moe.every=2", "layers.moe.shared_hidden_size=64"],
+        ["layers=[engram]"],
+    ],
+)
 def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_layer_plugins(layers):
     """Layer plugins edit the torch-free list (``linear_layers``): MoE blocks lose the dense
     feed-forward and bring shared experts, Engram brings its projections (kept)."""
-    from olmx.worker.model import build_model
     from olmx.config.compose import compose, to_object
     from olmx.plan.resolve import context, resolve
     from olmx.registry import registry
+    from olmx.worker.model import build_model
     from olmx_plugins.precision.mx import split_linears
 
     reg = registry()
@@ -51,8 +56,11 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
     dense_run = to_object(compose(common, reg), reg)  # the same model, before any conversion
     model = build_model(resolve(dense_run, reg), reg)
     planned = context(run, plan.world, reg).linear_layers()
-    built = [(n, m.in_features, m.out_features, type(m) is not nn.Linear)
-             for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    built = [
+        (n, m.in_features, m.out_features, type(m) is not nn.Linear)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear)
+    ]
     assert sorted((x.name, x.in_features, x.out_features, x.subclass) for x in planned) == sorted(built)
     convert, _ = split_linears(model, run.precision["mxfp8"])
     assert dict(plan.sections["precision.mxfp8"])["MXFP8 linear layers"].startswith(f"{len(convert)}: ")
@@ -67,8 +75,11 @@ def test_emulated_conversion_follows_the_plan_rule_and_keeps_parameter_names():
     model = build(cfg)
     names = [n for n, _ in model.named_parameters()]
     done = apply_mxfp8(model, MXFP8Config(), emulate=True)
-    planned = [layer.name for layer in dense_linears(cfg, VOCAB)
-               if keep_reason(layer.name, layer.in_features, layer.out_features) is None]
+    planned = [
+        layer.name
+        for layer in dense_linears(cfg, VOCAB)
+        if keep_reason(layer.name, layer.in_features, layer.out_features) is None
+    ]
     assert done == sorted(planned) and len(done) == 10  # q, o, w1, w2, w3 per block; k/v are 64 -> 16
     assert not isinstance(model.get_submodule("blocks.0.attention.w_k"), MXLinear)
     assert not isinstance(model.get_submodule("lm_head.w_out"), MXLinear)
@@ -94,7 +105,10 @@ def test_sm100_path_goes_through_olmo_core_float8_config_with_the_same_layers(mo
     assert emulated == [f"blocks.{i}.attention.{w}" for i in range(2) for w in ("w_k", "w_out", "w_q", "w_v")]
     q = model.get_submodule("blocks.0.attention.w_q").config
     assert (q.kernel_preference.value, q.mxfp8_cast_kernel_choice.value, q.scale_calculation_mode.value) == (
-        "auto", "cuda", "floor")
+        "auto",
+        "cuda",
+        "floor",
+    )
     assert model.fp8_enabled
 
 

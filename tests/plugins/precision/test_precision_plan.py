@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from olmx.api import World
 from olmx.config.compose import compose, to_object
 from olmx.errors import ConfigError
-from olmx.api import World
 from olmx.plan.resolve import context
 from olmx.registry import registry
 
 CPU2 = World(nnodes=1, nproc_per_node=2)
-H100 = World(nnodes=1, nproc_per_node=8, device="cuda", device_name="NVIDIA H100 80GB HBM3",
-             compute_capability=(9, 0))
+H100 = World(nnodes=1, nproc_per_node=8, device="cuda", device_name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0))
 B200 = World(nnodes=1, nproc_per_node=8, device="cuda", device_name="NVIDIA B200", compute_capability=(10, 0))
 
 
@@ -33,6 +32,7 @@ def refusal(precision: str, world: World, *overrides: str) -> ConfigError:
 
 
 # -- bf16 -------------------------------------------------------------------------------------
+
 
 def test_bf16_under_fsdp_is_the_fsdp_mixed_precision_policy():
     rows = plan_rows("bf16", CPU2, "parallel=[fsdp]")
@@ -61,6 +61,7 @@ def test_bf16_refuses_bfloat16_reduction_without_sharding_and_unknown_dtypes():
 
 
 # -- mxfp8: hardware --------------------------------------------------------------------------
+
 
 def test_mxfp8_refuses_a_cpu_naming_it_and_what_is_needed():
     err = refusal("mxfp8", CPU2)
@@ -93,13 +94,22 @@ def test_mxfp8_emulation_runs_anywhere_and_says_it_is_slow():
 
 # -- mxfp8: which layers -----------------------------------------------------------------------
 
+
 def kept(rows: list[tuple[str, str]], dtype: str) -> list[str]:
     return [value for label, value in rows if label == f"kept in {dtype}"]
 
 
 def test_mxfp8_lists_converted_and_kept_layers_with_reasons():
-    rows = plan_rows_list("mxfp8", CPU2, "precision.mxfp8.emulate=true", "model.n_layers=3", "model.d_model=64",
-                          "model.n_heads=4", "model.n_kv_heads=1", "model.hidden_size=80")
+    rows = plan_rows_list(
+        "mxfp8",
+        CPU2,
+        "precision.mxfp8.emulate=true",
+        "model.n_layers=3",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.n_kv_heads=1",
+        "model.hidden_size=80",
+    )
     # d_model 64: q/o are 64x64; GQA with 1 kv head of 16 dims: k/v are 64 -> 16; FFN 64 <-> 80.
     assert dict(rows)["MXFP8 linear layers"] == "6: blocks.*.attention.w_q (x3), blocks.*.attention.w_out (x3)"
     assert kept(rows, "float32") == [
@@ -118,7 +128,8 @@ def test_mxfp8_exclude_patterns_keep_layers():
     assert kept(rows, "bfloat16")[0] == (
         "blocks.0.attention.w_q, blocks.0.attention.w_k, blocks.0.attention.w_v, blocks.0.attention.w_out, "
         "blocks.0.feed_forward.w1, blocks.0.feed_forward.w2, blocks.0.feed_forward.w3: "
-        "precision.mxfp8.exclude matches 'blocks.0.*'")
+        "precision.mxfp8.exclude matches 'blocks.0.*'"
+    )
 
 
 def test_mxfp8_refuses_d_model_not_divisible_by_32():
@@ -129,28 +140,42 @@ def test_mxfp8_refuses_d_model_not_divisible_by_32():
 
 
 def test_mxfp8_refuses_micro_batches_whose_tokens_are_not_blocks_of_32():
-    err = refusal("mxfp8", B200, "parallel=[fsdp]", "data.seq_len=20", "trainer.micro_batch_size=1",
-                  "trainer.global_batch_size=8")
+    err = refusal(
+        "mxfp8", B200, "parallel=[fsdp]", "data.seq_len=20", "trainer.micro_batch_size=1", "trainer.global_batch_size=8"
+    )
     assert err.field == "trainer.micro_batch_size"
     assert "trainer.micro_batch_size=1 x data.seq_len=20 = 20 tokens" in str(err)
 
 
 # -- mxfp8: the rest of the model ------------------------------------------------------------
 
+
 def test_mxfp8_other_ops_default_to_float32_on_cpu_without_sharding_and_bf16_under_fsdp():
     rows = plan_rows("mxfp8", CPU2, "parallel=[ddp]", "precision.mxfp8.emulate=true")
     assert rows["compute outside MXFP8 layers"] == "float32 (no autocast)"
     rows = plan_rows("mxfp8", CPU2, "parallel=[fsdp]", "precision.mxfp8.emulate=true")
     assert rows["compute outside MXFP8 layers (all-gathered parameters)"] == "bfloat16"
-    err = refusal("mxfp8", CPU2, "parallel=[ddp]", "precision.mxfp8.emulate=true",
-                  "precision.mxfp8.param_dtype=bfloat16")
+    err = refusal(
+        "mxfp8", CPU2, "parallel=[ddp]", "precision.mxfp8.emulate=true", "precision.mxfp8.param_dtype=bfloat16"
+    )
     assert err.field == "precision.mxfp8.param_dtype" and "CPU autocast" in str(err)
 
 
 def test_sequence_parallel_degrees_divide_the_tokens_a_linear_layer_sees():
     reg = registry()
-    run = to_object(compose(["parallel=[fsdp,ulysses]", "parallel.ulysses.degree=2", "trainer.micro_batch_size=2",
-                             "data.seq_len=48", "trainer.global_batch_size=4"], reg), reg)
+    run = to_object(
+        compose(
+            [
+                "parallel=[fsdp,ulysses]",
+                "parallel.ulysses.degree=2",
+                "trainer.micro_batch_size=2",
+                "data.seq_len=48",
+                "trainer.global_batch_size=4",
+            ],
+            reg,
+        ),
+        reg,
+    )
     ctx = context(run, World(nnodes=1, nproc_per_node=4), reg)
     assert ctx.mesh.cp == 2
     assert ctx.tokens_per_rank() == (48, "trainer.micro_batch_size=2 x data.seq_len=48 / context-parallel degree 2")

@@ -13,8 +13,18 @@ from tests.conftest import olmx_cli
 pytestmark = pytest.mark.dist
 
 #: A tiny model whose linear layers all have dimensions divisible by 32 (128 tokens per micro-batch).
-TINY = ["trainer.report=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.hidden_size=64", "data.seq_len=32",
-        "trainer.global_batch_size=8", "trainer.warmup_steps=5", "trainer.lr=3e-3", "trainer.save_interval=1000"]
+TINY = [
+    "trainer.report=false",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.n_layers=2",
+    "model.hidden_size=64",
+    "data.seq_len=32",
+    "trainer.global_batch_size=8",
+    "trainer.warmup_steps=5",
+    "trainer.lr=3e-3",
+    "trainer.save_interval=1000",
+]
 ONE = ["infra.nproc_per_node=1", "parallel=[]", "trainer.micro_batch_size=8"]
 TWO = ["infra.nproc_per_node=2", "trainer.micro_batch_size=4"]
 EMULATE = ["precision=mxfp8", "precision.mxfp8.emulate=true"]
@@ -76,14 +86,19 @@ def test_bf16_autocast_tracks_fp32(tmp_path, cache, fp32):
     assert max_rel_diff(losses, fp32[:25]) < 0.01  # measured over 50 steps: 4e-4
 
 
-@pytest.mark.parametrize("layer, parallel, converted", [
-    # MoE blocks under HSDP (1 replica x 2 shards): attention linears convert, experts stay grouped weights.
-    (["layers=[moe]", "layers.moe.num_experts=4", "layers.moe.top_k=2"], ["parallel=[hsdp]"], 8),
-    # Engram (tables and projections kept) under 2-way Ulysses: 128 / 2 = 64 tokens per linear layer.
-    (["layers=[engram]", "layers.engram.layer_ids=[1]"], ["parallel=[ddp,ulysses]"], 14),
-], ids=["moe-hsdp", "engram-ulysses"])
-def test_emulated_mxfp8_composes_with_layer_plugins_and_parallel_strategies(tmp_path, cache, layer, parallel,
-                                                                             converted):
+@pytest.mark.parametrize(
+    "layer, parallel, converted",
+    [
+        # MoE blocks under HSDP (1 replica x 2 shards): attention linears convert, experts stay grouped weights.
+        (["layers=[moe]", "layers.moe.num_experts=4", "layers.moe.top_k=2"], ["parallel=[hsdp]"], 8),
+        # Engram (tables and projections kept) under 2-way Ulysses: 128 / 2 = 64 tokens per linear layer.
+        (["layers=[engram]", "layers.engram.layer_ids=[1]"], ["parallel=[ddp,ulysses]"], 14),
+    ],
+    ids=["moe-hsdp", "engram-ulysses"],
+)
+def test_emulated_mxfp8_composes_with_layer_plugins_and_parallel_strategies(
+    tmp_path, cache, layer, parallel, converted
+):
     """2 processes with MXFP8 against 1 float32 process of the same model: the conversion the
     plan lists happens, and the first 8 steps of the 50-step schedule stay within 2%."""
     reference, _ = train(tmp_path / "fp32", cache, 50, *ONE, *layer, "trainer.stop_at_step=8")

@@ -44,8 +44,11 @@ def reference(tmp_path_factory, cache) -> tuple[Path, str]:
     """One node, 2 processes, with the blocker: (run dir, blocker log)."""
     root = tmp_path_factory.mktemp("reference")
     log = root / "blocker.log"
-    env = {**cache, "OLMX_BLOCKER_LOG": str(log),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(BLOCKER), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **cache,
+        "OLMX_BLOCKER_LOG": str(log),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(BLOCKER), os.environ.get("PYTHONPATH")])),
+    }
     proc = olmx_cli("train", *SMALL, *STEPS, "infra.nproc_per_node=2", f"trainer.run_dir={root / 'run'}", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root / "run", log.read_text()
@@ -61,8 +64,9 @@ def test_training_needs_neither_beaker_nor_gantry(reference) -> None:
     assert sum("--nproc-per-node=2" in line for line in active) == 1  # the torchrun agent
     assert sum(" -m run " in line for line in active) == 2  # the workers: olmx run plan.yaml
     attempts = [line.split(" ", 2)[2] for line in lines if line.startswith("import ")]
-    assert attempts and all(a in (f"beaker from {CACHED_PATH_PROBE}", f"beaker.version from {CACHED_PATH_PROBE}")
-                            for a in attempts), attempts
+    assert attempts and all(
+        a in (f"beaker from {CACHED_PATH_PROBE}", f"beaker.version from {CACHED_PATH_PROBE}") for a in attempts
+    ), attempts
     assert [line for line in lines if line.startswith("loaded ")] == []
     assert [line for line in lines if line.startswith("connect ")] == []
 
@@ -74,8 +78,9 @@ def test_blocker_would_see_an_import(tmp_path) -> None:
     code = "try:\n    import gantry.api\nexcept ImportError as e:\n    print(e)\n"
     proc = subprocess.run([OLMX[0], "-c", code], env=env, capture_output=True, text=True)
     assert "gantry is blocked" in proc.stdout
-    assert any(line.startswith("import ") and line.endswith(" gantry from <string>")
-               for line in log.read_text().splitlines())
+    assert any(
+        line.startswith("import ") and line.endswith(" gantry from <string>") for line in log.read_text().splitlines()
+    )
 
 
 def free_port() -> int:
@@ -89,16 +94,30 @@ def test_two_nodes_by_hand_match_one_node(tmp_path, reference, cache) -> None:
     port = free_port()
     env = {**os.environ, "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1", "COLUMNS": "200", **cache}
     procs = [
-        subprocess.Popen([*OLMX, "train", *SMALL, *STEPS, "infra.nnodes=2", f"infra.node_rank={rank}",
-                          "infra.nproc_per_node=1", "infra.master_addr=127.0.0.1", f"infra.master_port={port}",
-                          f"trainer.run_dir={run_dir}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+        subprocess.Popen(
+            [
+                *OLMX,
+                "train",
+                *SMALL,
+                *STEPS,
+                "infra.nnodes=2",
+                f"infra.node_rank={rank}",
+                "infra.nproc_per_node=1",
+                "infra.master_addr=127.0.0.1",
+                f"infra.master_port={port}",
+                f"trainer.run_dir={run_dir}",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in (0, 1)
     ]
     outputs = [p.communicate(timeout=600) for p in procs]
     # The same loss curve as 1 node x 2 processes (same global batch, same data order).
     assert losses(run_dir) == pytest.approx(losses(reference[0]), rel=2e-5)
-    for rank, (p, (out, err)) in enumerate(zip(procs, outputs)):
+    for rank, (p, (out, err)) in enumerate(zip(procs, outputs, strict=True)):
         assert "2 processes = 2 node(s) x 1" in out
         # Each invocation ends as the run did, whichever of them got global rank 0 (the c10d
         # rendezvous hands out ranks in arrival order, not by infra.node_rank).

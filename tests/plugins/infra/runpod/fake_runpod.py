@@ -195,17 +195,13 @@ class FakeRunPod:
         if auth != f"Bearer {self.api_key}":
             if self.forbidden_key is not None and auth == f"Bearer {self.forbidden_key}":
                 return self._send(h, *_problem(403, "access denied"))
-            return self._send(
-                h, *_problem(401, "missing bearer token" if not auth else "invalid bearer token")
-            )
+            return self._send(h, *_problem(401, "missing bearer token" if not auth else "invalid bearer token"))
         if fault is not None and fault.echo_auth:
             return self._send(h, *_problem(fault.status or 400, f"bad request from {auth}"))
         if fault is not None and not fault.commit:
             time.sleep(fault.delay)
             if fault.status is not None:
-                return self._send(
-                    h, *_problem(fault.status, "injected fault"), retry_after=fault.retry_after
-                )
+                return self._send(h, *_problem(fault.status, "injected fault"), retry_after=fault.retry_after)
         if body is ValueError:
             return self._send(h, *_problem(400, "request body is not JSON"))
         with self._lock:
@@ -228,9 +224,7 @@ class FakeRunPod:
         return None
 
     @staticmethod
-    def _send(
-        h: BaseHTTPRequestHandler, status: int, payload: Any, *, retry_after: str | None = None
-    ) -> None:
+    def _send(h: BaseHTTPRequestHandler, status: int, payload: Any, *, retry_after: str | None = None) -> None:
         data = b"" if payload is None else json.dumps(payload).encode()
         try:
             h.send_response(status)
@@ -247,9 +241,7 @@ class FakeRunPod:
 
     # -- API ---------------------------------------------------------------------------------
 
-    def _route(
-        self, method: str, path: str, query: dict[str, list[str]], body: Any
-    ) -> tuple[int, Any]:
+    def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         routes = (
             ("GET", r"/v2/pods", lambda: self._list_pods(query)),
             ("POST", r"/v2/pods", lambda: self._create_pod(body)),
@@ -272,9 +264,7 @@ class FakeRunPod:
                 return handler(*m.groups())
         return _problem(404 if method == "GET" else 405, f"no route {method} {path}")
 
-    def _page(
-        self, key: str, items: list[dict[str, Any]], query: dict[str, list[str]]
-    ) -> dict[str, Any]:
+    def _page(self, key: str, items: list[dict[str, Any]], query: dict[str, list[str]]) -> dict[str, Any]:
         if not self.page_size:
             return {key: items}
         start = int(query.get("cursor", ["0"])[0])
@@ -370,9 +360,7 @@ class FakeRunPod:
         pod_body["gpu"] = {"id": compute["gpuTypeId"], "count": compute["gpuCountPerPod"]}
         for rank in range(compute["podCount"]):
             pod_id = self._new_id("pod")
-            self.pods[pod_id] = _new_pod(
-                pod_id, {**pod_body, "name": f"{body['name']}-node-{rank}"}
-            )
+            self.pods[pod_id] = _new_pod(pod_id, {**pod_body, "name": f"{body['name']}-node-{rank}"})
             self.pods[pod_id]["cluster"] = {
                 "id": cluster_id,
                 "rank": rank,
@@ -420,9 +408,7 @@ class FakeRunPod:
         return 204, None
 
 
-def _problem(
-    status: int, detail: str, errors: list[str] | None = None
-) -> tuple[int, dict[str, Any]]:
+def _problem(status: int, detail: str, errors: list[str] | None = None) -> tuple[int, dict[str, Any]]:
     titles = {
         400: "Bad Request",
         401: "Unauthorized",
@@ -513,9 +499,7 @@ def _set_status(pod: dict[str, Any], status: str) -> None:
     pod["runtime"] = (
         {
             "uptime": 1,
-            "ports": [{"private": 22, "public": public_port, "type": "tcp", "ip": SSH_HOST}]
-            if has_ssh
-            else [],
+            "ports": [{"private": 22, "public": public_port, "type": "tcp", "ip": SSH_HOST}] if has_ssh else [],
         }
         if running
         else None
@@ -525,28 +509,20 @@ def _set_status(pod: dict[str, Any], status: str) -> None:
 
 
 def _type_errors(body: dict[str, Any], where: str, allowed: set[str]) -> list[str]:
-    errors = [
-        f"{where}: additional properties '{k}' not allowed" for k in sorted(set(body) - allowed)
-    ]
+    errors = [f"{where}: additional properties '{k}' not allowed" for k in sorted(set(body) - allowed)]
     checks = {
         "name": lambda v: isinstance(v, str) and len(v) >= 1,
         "image": lambda v: isinstance(v, str),
         "args": lambda v: isinstance(v, str),
         "disk": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-        "ports": lambda v: (
-            isinstance(v, list) and all(isinstance(p, str) and _PORT_RE.match(p) for p in v)
-        ),
+        "ports": lambda v: isinstance(v, list) and all(isinstance(p, str) and _PORT_RE.match(p) for p in v),
         "env": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
         "cloud": lambda v: v in ("SECURE", "COMMUNITY"),
         "startSsh": lambda v: isinstance(v, bool),
         "startJupyter": lambda v: isinstance(v, bool),
         "dataCenterIds": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     }
-    errors += [
-        f"{where}.{k}: invalid value {body[k]!r}"
-        for k, ok in checks.items()
-        if k in body and not ok(body[k])
-    ]
+    errors += [f"{where}.{k}: invalid value {body[k]!r}" for k, ok in checks.items() if k in body and not ok(body[k])]
     return errors
 
 
@@ -582,10 +558,7 @@ def _validate_pod(body: Any) -> tuple[int, Any] | None:
         if not isinstance(gpu, dict) or not isinstance(gpu.get("id"), str):
             errors.append("$.gpu: missing required property 'id'")
         else:
-            errors += [
-                f"$.gpu: additional properties '{k}' not allowed"
-                for k in sorted(set(gpu) - _GPU_KEYS)
-            ]
+            errors += [f"$.gpu: additional properties '{k}' not allowed" for k in sorted(set(gpu) - _GPU_KEYS)]
             count = gpu.get("count", 1)
             if not isinstance(count, int) or isinstance(count, bool) or count < 1:
                 errors.append(f"$.gpu.count: invalid value {count!r}")
@@ -610,9 +583,7 @@ def _validate_cluster(body: Any) -> tuple[int, Any] | None:
     if not isinstance(body, dict):
         return _problem(422, "Request validation failed.", ["$: expected an object"])
     errors = _type_errors(body, "$", _CLUSTER_KEYS)
-    errors += [
-        f"$: missing required property '{k}'" for k in ("name", "type", "compute") if k not in body
-    ]
+    errors += [f"$: missing required property '{k}'" for k in ("name", "type", "compute") if k not in body]
     if body.get("type", "TRAINING") not in ("APPLICATION", "TRAINING", "SLURM", "RAY"):
         errors.append(f"$.type: invalid value {body['type']!r}")
     compute = body.get("compute")

@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
         else:
             options.append(flag)
             i += 1
-    destination, command = argv[i], " ".join(argv[i + 1:])
+    destination, command = argv[i], " ".join(argv[i + 1 :])
     with open(os.environ["FAKE_SSH_LOG"], "a") as log:
         log.write(json.dumps({"port": port, "destination": destination, "options": options, "command": command}) + "\n")
     fail = os.environ.get("FAKE_SSH_FAIL")

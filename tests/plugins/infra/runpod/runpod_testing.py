@@ -29,12 +29,15 @@ def fake_ssh(tmp_path: Path) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     ssh = bin_dir / "ssh"
-    ssh.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / 'fake_ssh.py'} \"$@\"\n")
+    ssh.write_text(f'#!/bin/sh\nexec {sys.executable} {HERE / "fake_ssh.py"} "$@"\n')
     ssh.chmod(0o755)
     import os
 
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_SSH_LOG": str(tmp_path / "ssh.jsonl"),
-            "OLMX_POD_ENV_FILE": "/dev/null"}
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_SSH_LOG": str(tmp_path / "ssh.jsonl"),
+        "OLMX_POD_ENV_FILE": "/dev/null",
+    }
 
 
 def ssh_calls(env: dict[str, str]) -> list[dict]:

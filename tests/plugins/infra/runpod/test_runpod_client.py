@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 from fake_runpod import SSH_HOST, FakeRunPod, Fault
+
+from olmx.errors import ConfigError, LaunchError
 from olmx_plugins.infra.runpod.client import (
     ReadyCluster,
     ReadyPod,
@@ -43,8 +45,6 @@ from olmx_plugins.infra.runpod.spec import (
     build_pod_request,
 )
 
-from olmx.errors import ConfigError, LaunchError
-
 KEY = "rpa_Q3T9XK2LM8PZ7W4VB6NJ5HC1DF0GSY2E8RU"
 FORBIDDEN_KEY = "rpa_READONLYREADONLYREADONLYREADONLY00"
 FAST = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05, total_time=3.0)
@@ -54,9 +54,7 @@ POD_PATH = r"/v2/pods/[^/]+"
 
 
 def pod_spec(**changes) -> PodSpec:
-    fields = dict(
-        name="olmx-test", gpu_type_id=H100, image=IMAGE, gpu_count=8, env={"WANDB_MODE": "offline"}
-    )
+    fields = dict(name="olmx-test", gpu_type_id=H100, image=IMAGE, gpu_count=8, env={"WANDB_MODE": "offline"})
     return PodSpec(**{**fields, **changes})
 
 
@@ -66,17 +64,13 @@ def assert_no_key(exc: BaseException) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next  # the tests' own frames hold the key on purpose
     assert tb is not None
-    rendered = "".join(
-        traceback.TracebackException(type(exc), exc, tb, capture_locals=True).format()
-    )
+    rendered = "".join(traceback.TracebackException(type(exc), exc, tb, capture_locals=True).format())
     for text in (str(exc), repr(exc), rendered):
         assert KEY not in text
 
 
 @contextlib.contextmanager
-def raises_clean(
-    exc_type: type[BaseException], match: str | None = None
-) -> Iterator[pytest.ExceptionInfo]:
+def raises_clean(exc_type: type[BaseException], match: str | None = None) -> Iterator[pytest.ExceptionInfo]:
     with pytest.raises(exc_type, match=match) as info:
         yield info
     assert_no_key(info.value)
@@ -101,9 +95,7 @@ def client(fake, monkeypatch, caplog) -> Iterator[RunPodClient]:
 
 
 def test_pod_request_body_is_exactly_the_v2_shape() -> None:
-    spec = pod_spec(
-        ports=("8888/http",), data_center_ids=("US-TX-3",), network_volume_id="vol_9", args="--x"
-    )
+    spec = pod_spec(ports=("8888/http",), data_center_ids=("US-TX-3",), network_volume_id="vol_9", args="--x")
     assert build_pod_request(spec) == {
         "name": "olmx-test",
         "image": IMAGE,
@@ -120,9 +112,7 @@ def test_pod_request_body_is_exactly_the_v2_shape() -> None:
 
 
 def test_pod_request_defaults_container_disk_no_volume_ssh_port() -> None:
-    body = build_pod_request(
-        PodSpec(name="a", gpu_type_id=H100, image=IMAGE, cloud_type=CloudType.COMMUNITY)
-    )
+    body = build_pod_request(PodSpec(name="a", gpu_type_id=H100, image=IMAGE, cloud_type=CloudType.COMMUNITY))
     assert body == {
         "name": "a",
         "image": IMAGE,
@@ -169,9 +159,7 @@ def test_cluster_request_body_and_limits() -> None:
     }
     for count in (1, 251):
         with pytest.raises(ConfigError, match="between 2 and 250"):
-            build_cluster_request(
-                ClusterSpec(name="c", gpu_type_id=H100, image=IMAGE, pod_count=count)
-            )
+            build_cluster_request(ClusterSpec(name="c", gpu_type_id=H100, image=IMAGE, pod_count=count))
 
 
 # ------------------------------------------------------------------------------- happy path
@@ -240,9 +228,7 @@ def test_cluster_provision_and_terminate(client, fake) -> None:
 def test_stuck_cluster_is_terminated(client, fake) -> None:
     fake.stuck = True
     with raises_clean(RunPodWaitTimeout, match="cluster"):
-        client.provision(
-            ClusterSpec(name="c", gpu_type_id=H100, image=IMAGE), timeout=0.1, poll=0.01
-        )
+        client.provision(ClusterSpec(name="c", gpu_type_id=H100, image=IMAGE), timeout=0.1, poll=0.01)
     assert fake.clusters == {} and fake.pods == {}
 
 
@@ -251,9 +237,7 @@ def test_stuck_cluster_is_terminated(client, fake) -> None:
 
 def test_validation_errors_show_the_server_message(client, fake) -> None:
     body = {**build_pod_request(pod_spec()), "bogus": 1}
-    with raises_clean(
-        RunPodRequestError, match="additional properties 'bogus' not allowed"
-    ) as info:
+    with raises_clean(RunPodRequestError, match="additional properties 'bogus' not allowed") as info:
         client.create_pod(body)
     assert info.value.status == 422
     with raises_clean(RunPodRequestError, match="exactly one of gpu or cpu") as info:
@@ -381,9 +365,7 @@ def test_late_duplicate_of_a_retried_create_is_terminated(fake, monkeypatch) -> 
     # The first POST times out and RunPod creates that pod only later; the retry creates a
     # second one. The late first one must not be left behind.
     monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.base_url)
-    client = RunPodClient(
-        KEY, timeout=0.1, retry=RetryPolicy(max_attempts=3, base_delay=0.6, total_time=5)
-    )
+    client = RunPodClient(KEY, timeout=0.1, retry=RetryPolicy(max_attempts=3, base_delay=0.6, total_time=5))
     fake.inject("POST", "/v2/pods", Fault(None, delay=0.3))
     pod = client.create_pod(pod_spec())
     assert list(fake.pods) == [pod["id"]]
@@ -480,9 +462,7 @@ def test_client_never_shows_the_key(client) -> None:
 
 def test_dry_run_rendering(client, fake, monkeypatch) -> None:
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
-    body = build_pod_request(
-        pod_spec(env={"WANDB_MODE": "offline", "HF_TOKEN": "hf_x", "PLAIN": KEY})
-    )
+    body = build_pod_request(pod_spec(env={"WANDB_MODE": "offline", "HF_TOKEN": "hf_x", "PLAIN": KEY}))
     for text in (
         client.describe("POST", "/v2/pods", body),
         redacted_request("POST", "/v2/pods", body),
@@ -499,9 +479,7 @@ def test_dry_run_rendering(client, fake, monkeypatch) -> None:
             "HF_TOKEN": "<redacted>",
             "PLAIN": "<redacted>",
         }
-        assert {k: v for k, v in shown.items() if k != "env"} == {
-            k: v for k, v in body.items() if k != "env"
-        }
+        assert {k: v for k, v in shown.items() if k != "env"} == {k: v for k, v in body.items() if k != "env"}
         assert KEY not in text
     assert fake.requests == []  # rendering sends nothing
     assert redacted_request("DELETE", "/v2/pods/p1").splitlines() == [

@@ -8,8 +8,8 @@ import gzip
 import io
 import json
 import os
-import sys
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -47,19 +47,22 @@ def test_world_from_the_settings() -> None:
     assert (cpu.nnodes, cpu.nproc_per_node, cpu.device) == (1, 2, "cpu")
 
 
-@pytest.mark.parametrize(("cfg", "key", "match"), [
-    (RunPodConfig(env={"HF_TOKEN": "hf_x"}), "infra.env", "looks like a secret"),
-    (RunPodConfig(pass_env=["RUNPOD_API_KEY"]), "infra.pass_env", "never goes to a pod"),
-    (RunPodConfig(pass_env=["BAD-NAME"]), "infra.pass_env", "not an environment variable name"),
-    (RunPodConfig(nodes=2, gpus_per_node=8, pod_id="p1"), "infra.pod_id", "use infra.cluster_id"),
-    (RunPodConfig(nodes=2, gpus_per_node=0), "infra.nodes", "GPU pods only"),
-    (RunPodConfig(nodes=300, gpus_per_node=8), "infra.nodes", "between 2 and 250"),
-    (RunPodConfig(gpus_per_node=2, nproc_per_node=4), "infra.nproc_per_node", "4 processes"),
-    (RunPodConfig(cloud="ALL"), "infra.cloud", "SECURE, COMMUNITY"),
-    (RunPodConfig(container_disk_gb=0), "infra.container_disk_gb", "positive"),
-    (RunPodConfig(min_cuda_version="13"), "infra.min_cuda_version", "12.8"),
-    (RunPodConfig(gpus_per_node=0, vcpus=0), "infra.vcpus", "positive"),
-])
+@pytest.mark.parametrize(
+    ("cfg", "key", "match"),
+    [
+        (RunPodConfig(env={"HF_TOKEN": "hf_x"}), "infra.env", "looks like a secret"),
+        (RunPodConfig(pass_env=["RUNPOD_API_KEY"]), "infra.pass_env", "never goes to a pod"),
+        (RunPodConfig(pass_env=["BAD-NAME"]), "infra.pass_env", "not an environment variable name"),
+        (RunPodConfig(nodes=2, gpus_per_node=8, pod_id="p1"), "infra.pod_id", "use infra.cluster_id"),
+        (RunPodConfig(nodes=2, gpus_per_node=0), "infra.nodes", "GPU pods only"),
+        (RunPodConfig(nodes=300, gpus_per_node=8), "infra.nodes", "between 2 and 250"),
+        (RunPodConfig(gpus_per_node=2, nproc_per_node=4), "infra.nproc_per_node", "4 processes"),
+        (RunPodConfig(cloud="ALL"), "infra.cloud", "SECURE, COMMUNITY"),
+        (RunPodConfig(container_disk_gb=0), "infra.container_disk_gb", "positive"),
+        (RunPodConfig(min_cuda_version="13"), "infra.min_cuda_version", "12.8"),
+        (RunPodConfig(gpus_per_node=0, vcpus=0), "infra.vcpus", "positive"),
+    ],
+)
 def test_bad_settings_name_their_key(cfg: RunPodConfig, key: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match) as info:
         RUNPOD.world(cfg)
@@ -71,15 +74,23 @@ def test_dry_run_shows_request_bootstrap_and_steps_without_secrets(tmp_path, mon
     monkeypatch.setenv("MY_VALUE", "very-private-value")
     plan = plan_for(tmp_path, *GPU8, "+infra.env.WANDB_MODE=offline", "infra.pass_env=[MY_VALUE]")
     text = RUNPOD.dry_run(plan.infra, plan)
-    request = text[text.index("POST "):text.index("\n\n# 2.")]
+    request = text[text.index("POST ") : text.index("\n\n# 2.")]
     head, _, body = request.partition("\n\n")
-    assert head.splitlines() == ["POST https://api.runpod.io/v2/pods", "Authorization: Bearer <redacted>",
-                                 "Content-Type: application/json"]
+    assert head.splitlines() == [
+        "POST https://api.runpod.io/v2/pods",
+        "Authorization: Bearer <redacted>",
+        "Content-Type: application/json",
+    ]
     assert json.loads(body) == {
-        "name": "olmx-run", "image": "runpod/pytorch:1.2.0-cu1300-torch2130-ubuntu2404",
-        "gpu": {"id": "NVIDIA H100 80GB HBM3", "count": 8, "minCudaVersion": "13.0"}, "cloud": "SECURE",
-        "disk": 100, "ports": ["22/tcp"], "startSsh": True,
-        "env": {"WANDB_MODE": "offline", "MY_VALUE": "<redacted: $MY_VALUE of the launching environment>"}}
+        "name": "olmx-run",
+        "image": "runpod/pytorch:1.2.0-cu1300-torch2130-ubuntu2404",
+        "gpu": {"id": "NVIDIA H100 80GB HBM3", "count": 8, "minCudaVersion": "13.0"},
+        "cloud": "SECURE",
+        "disk": 100,
+        "ports": ["22/tcp"],
+        "startSsh": True,
+        "env": {"WANDB_MODE": "offline", "MY_VALUE": "<redacted: $MY_VALUE of the launching environment>"},
+    }
     assert RUNPOD.bootstrap(plan.infra, plan) in text
     assert '"action": "stop"' in text
     assert KEY not in text and "very-private-value" not in text
@@ -103,8 +114,14 @@ def test_bootstrap_is_valid_bash_and_uses_c10d_on_clusters(tmp_path) -> None:
 def test_shipped_bundle_holds_the_pods_plan_the_source_and_the_resume_checkpoint(tmp_path) -> None:
     plan = plan_for(tmp_path, *GPU8, "infra.workdir=/data/olmx")
     names = _names(RUNPOD._bundle(plan, plan.infra))
-    assert {"run/plan.yaml", "bootstrap.sh", "constraints.txt", "olmx-src/pyproject.toml",
-            "olmx-src/olmx/cli.py", "olmx-src/templates/runpod/bootstrap.sh.j2"} <= names
+    assert {
+        "run/plan.yaml",
+        "bootstrap.sh",
+        "constraints.txt",
+        "olmx-src/pyproject.toml",
+        "olmx-src/olmx/cli.py",
+        "olmx-src/templates/runpod/bootstrap.sh.j2",
+    } <= names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or n.startswith("run/checkpoints")]
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(RUNPOD._bundle(plan, plan.infra)))) as tar:
         pod_plan = tar.extractfile("run/plan.yaml").read().decode()
@@ -188,15 +205,20 @@ def test_fetch_copies_the_run_back_except_the_pods_plan(tmp_path, pod) -> None:
     (local / "plan.yaml").write_text("run_dir: local\n")
     rm.fetch(remote, str(work), local)
     assert (local / "plan.yaml").read_text() == "run_dir: local\n"
-    assert (local / "checkpoints/step2/__0_0.distcp").read_bytes() == (work / "run/checkpoints/step2/__0_0.distcp").read_bytes()
+    assert (local / "checkpoints/step2/__0_0.distcp").read_bytes() == (
+        work / "run/checkpoints/step2/__0_0.distcp"
+    ).read_bytes()
 
 
 def test_ssh_failures_name_the_step_and_the_pod(tmp_path, pod, monkeypatch) -> None:
     remote, work = pod
     monkeypatch.setenv("FAKE_SSH_FAIL", ".")
     start = time.monotonic()
-    with pytest.raises(Exception, match=r"copying the run to the pod on root@203.0.113.7:40001 failed "
-                                         r"\(ssh exit status 255\): ssh: connect to host"):
+    with pytest.raises(
+        Exception,
+        match=r"copying the run to the pod on root@203.0.113.7:40001 failed "
+        r"\(ssh exit status 255\): ssh: connect to host",
+    ):
         rm.ship(remote, str(work), rm.bundle({"a": b"x"}))
     with pytest.raises(Exception, match="copying the run directory back from root@203.0.113.7:40001 failed"):
         rm.fetch(remote, str(work), tmp_path / "local")
@@ -223,9 +245,17 @@ def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypat
     ssh = ssh_endpoint(client.get_pod(pod_id))
     plan = plan_for(tmp_path, "infra.gpus_per_node=0", f"infra.workdir={work}", "infra.poll_seconds=0.1")
     plan.save()
-    (Path(plan.run_dir) / "launch.json").write_text(json.dumps(
-        {"infra": "runpod", "pods": [{"id": pod_id, "host": ssh.host, "port": ssh.port, "user": "root"}],
-         "cluster_id": None, "created": True, "workdir": str(work)}))
+    (Path(plan.run_dir) / "launch.json").write_text(
+        json.dumps(
+            {
+                "infra": "runpod",
+                "pods": [{"id": pod_id, "host": ssh.host, "port": ssh.port, "user": "root"}],
+                "cluster_id": None,
+                "created": True,
+                "workdir": str(work),
+            }
+        )
+    )
     (work / "run" / "metrics.jsonl").write_text('{"step": 3, "loss": 5.25}\n')
     (work / "run" / "logs" / "node0.log").write_text("line 1\nline 2\nline 3\n")
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -234,8 +264,11 @@ def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypat
     try:
         status = run.invoke(app, ["jobs", "status", plan.run_dir])
         assert status.exit_code == 0, status.output
-        assert status.output.splitlines() == [f"RunPod pod {pod_id}: RUNNING", "training: running",
-                                              f"progress: step 3/{plan.run.trainer.max_steps}, loss 5.2500"]
+        assert status.output.splitlines() == [
+            f"RunPod pod {pod_id}: RUNNING",
+            "training: running",
+            f"progress: step 3/{plan.run.trainer.max_steps}, loss 5.2500",
+        ]
         logs = run.invoke(app, ["jobs", "logs", plan.run_dir, "-n", "2"])
         assert logs.output.strip() == "line 2\nline 3"
         cancel = run.invoke(app, ["jobs", "cancel", plan.run_dir])
@@ -254,11 +287,14 @@ def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_p
     start, watch, ``kill`` (what olmx jobs cancel does), and the exit status it records."""
     remote, work = pod
     python = tmp_path / "pod-python"
-    python.write_text(f"#!/bin/bash\nfor a in \"$@\"; do [ \"$a\" = torch.distributed.run ] && "
-                      f"{{ echo \"torchrun $*\"; exec sleep 60; }}; done\nexec {sys.executable} \"$@\"\n")
+    python.write_text(
+        f'#!/bin/bash\nfor a in "$@"; do [ "$a" = torch.distributed.run ] && '
+        f'{{ echo "torchrun $*"; exec sleep 60; }}; done\nexec {sys.executable} "$@"\n'
+    )
     python.chmod(0o755)
-    plan = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}",
-                    f"infra.python={python}")
+    plan = plan_for(
+        tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}", f"infra.python={python}"
+    )
     rm.ship(remote, str(work), RUNPOD._bundle(plan, plan.infra))
     rm.start(remote, str(work))
     watch = rm.Watch(remote, str(work), tmp_path / "local")
@@ -268,8 +304,10 @@ def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_p
         assert watch.look() is None and time.monotonic() < deadline
         time.sleep(0.3)
     # The torchrun options every infra target shares (olmx.launch.torchrun_flags).
-    assert (f"--nnodes=1 --nproc-per-node=2 --max-restarts=0 --log-dir={work}/run/logs/torchrun --tee=3 "
-            "--shutdown-timeout=300 --standalone -m olmx run ") in watch.log.read_text()
+    assert (
+        f"--nnodes=1 --nproc-per-node=2 --max-restarts=0 --log-dir={work}/run/logs/torchrun --tee=3 "
+        "--shutdown-timeout=300 --standalone -m olmx run "
+    ) in watch.log.read_text()
     rm.kill(remote, str(work))
     while (code := watch.look()) is None:
         assert time.monotonic() < deadline
@@ -278,30 +316,52 @@ def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_p
     assert "olmx: bootstrap on node 0 ends with status 143 (stopped by SIGTERM)" in watch.log.read_text()
 
 
-def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_pod(tmp_path, fake,  # noqa: F811
-                                                                                   monkeypatch) -> None:
+def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_pod(
+    tmp_path,
+    fake,  # noqa: F811
+    monkeypatch,
+) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "b.txt").write_text("second file " * 100)
     (corpus / "a.txt").write_text("first file " * 100)
-    plan = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", "infra.workdir=/w",
-                    "data=text", f"data.paths=[{corpus}/*.txt]")
+    plan = plan_for(
+        tmp_path,
+        "infra.gpus_per_node=0",
+        "infra.install=false",
+        "infra.workdir=/w",
+        "data=text",
+        f"data.paths=[{corpus}/*.txt]",
+    )
     data = RUNPOD._bundle(plan, plan.infra)
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
         pod_plan = tar.extractfile("run/plan.yaml").read().decode()
         shipped = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.startswith("data/")}
     # Outside the pod's run directory, which is what olmx copies back.
-    assert shipped == {"data/000-a.txt": (corpus / "a.txt").read_bytes(),
-                       "data/001-b.txt": (corpus / "b.txt").read_bytes()}
+    assert shipped == {
+        "data/000-a.txt": (corpus / "a.txt").read_bytes(),
+        "data/001-b.txt": (corpus / "b.txt").read_bytes(),
+    }
     assert "- /w/data/000-a.txt\n    - /w/data/001-b.txt" in pod_plan and str(corpus) not in pod_plan
     assert ", data/ (2 data file(s), 0.0 MB)" in RUNPOD.dry_run(plan.infra, plan)
     # Data already on the pods (image, network volume): paths untouched, nothing shipped.
-    kept = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", "data=text",
-                    "data.paths=[/volume/corpus.txt]", "infra.ship_data=false")
+    kept = plan_for(
+        tmp_path,
+        "infra.gpus_per_node=0",
+        "infra.install=false",
+        "data=text",
+        "data.paths=[/volume/corpus.txt]",
+        "infra.ship_data=false",
+    )
     assert not [n for n in _names(RUNPOD._bundle(kept, kept.infra)) if n.startswith("data/")]
 
-    big = plan_for(tmp_path, "infra.gpus_per_node=0", "data=text", f"data.paths=[{corpus}/*.txt]",
-                   "infra.ship_data_max_gb=0.000001")
+    big = plan_for(
+        tmp_path,
+        "infra.gpus_per_node=0",
+        "data=text",
+        f"data.paths=[{corpus}/*.txt]",
+        "infra.ship_data_max_gb=0.000001",
+    )
     monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.base_url)
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
     with pytest.raises(ConfigError, match=r"infra.ship_data_max_gb.*0.0 GB.*infra.ship_data=false"):
@@ -315,12 +375,15 @@ def test_the_bootstrap_ends_with_the_runs_own_code_when_it_stopped_with_a_checkp
     remote, work = pod
     python = tmp_path / "pod-python"
     record = '{"event": "end", "launch": "%s", "reason": "SIGTERM", "step": 7}'
-    python.write_text(f"#!/bin/bash\nfor a in \"$@\"; do [ \"$a\" = torch.distributed.run ] && "
-                      f"{{ printf '{record}\\n' \"$OLMX_LAUNCH_ID\" >> events.jsonl; exit 1; }}; done\n"
-                      f"exec {sys.executable} \"$@\"\n")
+    python.write_text(
+        f'#!/bin/bash\nfor a in "$@"; do [ "$a" = torch.distributed.run ] && '
+        f"{{ printf '{record}\\n' \"$OLMX_LAUNCH_ID\" >> events.jsonl; exit 1; }}; done\n"
+        f'exec {sys.executable} "$@"\n'
+    )
     python.chmod(0o755)
-    plan = plan_for(tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}",
-                    f"infra.python={python}")
+    plan = plan_for(
+        tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}", f"infra.python={python}"
+    )
     rm.ship(remote, str(work), RUNPOD._bundle(plan, plan.infra, "runpod-test1"))
     rm.start(remote, str(work))
     watch = rm.Watch(remote, str(work), tmp_path / "local")

@@ -57,8 +57,9 @@ def test_provision_a_pod_then_manage_it(olmx, fake) -> None:  # noqa: F811
 
 
 def test_provision_an_instant_cluster(olmx, fake) -> None:  # noqa: F811
-    text = olmx(*GPU8, "trainer.global_batch_size=32", "infra.nodes=2", "infra.poll_seconds=0.01",
-                "trainer.run_dir=runs/c1")
+    text = olmx(
+        *GPU8, "trainer.global_batch_size=32", "infra.nodes=2", "infra.poll_seconds=0.01", "trainer.run_dir=runs/c1"
+    )
     (create,) = fake.calls("POST", "/v2/clusters")
     assert create.body["compute"] == {"gpuTypeId": "NVIDIA H100 80GB HBM3", "gpuCountPerPod": 8, "podCount": 2}
     assert create.body["name"] == "olmx-c1" and create.body["type"] == "TRAINING"
@@ -75,8 +76,11 @@ def test_dry_run_sends_nothing(olmx, fake, monkeypatch) -> None:  # noqa: F811
     monkeypatch.setenv("OLMX_T", "passed-value")
     text = olmx("--dry-run", "infra.gpus_per_node=0", "infra.pass_env=[OLMX_T]")
     head, _, body = text.partition("\n\n")
-    assert head.splitlines() == [f"POST {fake.base_url}/v2/pods", "Authorization: Bearer <redacted>",
-                                 "Content-Type: application/json"]
+    assert head.splitlines() == [
+        f"POST {fake.base_url}/v2/pods",
+        "Authorization: Bearer <redacted>",
+        "Content-Type: application/json",
+    ]
     assert json.loads(body)["cpu"] == {"id": "cpu3c", "vcpuCount": 4}
     assert "passed-value" not in text and fake.requests == []
 

@@ -29,24 +29,42 @@ SECRET = "s3cr3t-value-that-must-stay-on-the-pod"
 def pod_python(tmp_path: Path, *, fail: bool = False) -> Path:
     """The pod's ``python``: records ``-m pip`` calls (and fakes them); otherwise this Python."""
     path = tmp_path / "pod-python"
-    body = ("echo 'olmx-test: the image has no working python' >&2; exit 3" if fail else
-            f'if [ "$1" = -m ] && [ "$2" = pip ]; then echo "$@" >> {tmp_path}/pip.args; exit 0; fi\n'
-            f'exec {sys.executable} "$@"')
+    body = (
+        "echo 'olmx-test: the image has no working python' >&2; exit 3"
+        if fail
+        else f'if [ "$1" = -m ] && [ "$2" = pip ]; then echo "$@" >> {tmp_path}/pip.args; exit 0; fi\n'
+        f'exec {sys.executable} "$@"'
+    )
     path.write_text(f"#!/bin/bash\n{body}\n")
     path.chmod(0o755)
     return path
 
 
 def runpod_args(tmp_path: Path, python: Path) -> list[str]:
-    return ["infra=runpod", "infra.gpus_per_node=0", "infra.nproc_per_node=1", "parallel=[]",
-            f"infra.workdir={tmp_path / 'pod'}", f"infra.python={python}", "infra.poll_seconds=2",
-            "infra.wait_timeout=30", "infra.pass_env=[OLMX_TEST_SECRET]", *SMALL, f"trainer.run_dir={tmp_path / 'run'}"]
+    return [
+        "infra=runpod",
+        "infra.gpus_per_node=0",
+        "infra.nproc_per_node=1",
+        "parallel=[]",
+        f"infra.workdir={tmp_path / 'pod'}",
+        f"infra.python={python}",
+        "infra.poll_seconds=2",
+        "infra.wait_timeout=30",
+        "infra.pass_env=[OLMX_TEST_SECRET]",
+        *SMALL,
+        f"trainer.run_dir={tmp_path / 'run'}",
+    ]
 
 
 @pytest.fixture
 def env(fake, fake_ssh, tmp_path_factory) -> dict[str, str]:  # noqa: F811
-    return {**fake_ssh, "RUNPOD_API_BASE_URL": fake.base_url, "RUNPOD_API_KEY": KEY, "OLMX_TEST_SECRET": SECRET,
-            "OLMX_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "olmx-cache")}
+    return {
+        **fake_ssh,
+        "RUNPOD_API_BASE_URL": fake.base_url,
+        "RUNPOD_API_KEY": KEY,
+        "OLMX_TEST_SECRET": SECRET,
+        "OLMX_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "olmx-cache"),
+    }
 
 
 def files_text(root: Path) -> str:
@@ -55,8 +73,9 @@ def files_text(root: Path) -> str:
 
 def test_train_on_a_cpu_pod_end_to_end(tmp_path: Path, fake, env) -> None:  # noqa: F811
     run, pod_dir = tmp_path / "run", tmp_path / "pod"
-    proc = olmx_cli("train", *runpod_args(tmp_path, pod_python(tmp_path)), "trainer.max_steps=3",
-                    "trainer.save_interval=2", env=env)
+    proc = olmx_cli(
+        "train", *runpod_args(tmp_path, pod_python(tmp_path)), "trainer.max_steps=3", "trainer.save_interval=2", env=env
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out + (files_text(run / "logs") if (run / "logs").exists() else "")
 
@@ -123,9 +142,16 @@ def test_a_pod_that_cannot_be_reached_is_terminated(tmp_path: Path, fake, env) -
 
 
 def test_a_cluster_is_shipped_to_every_node_and_terminated_when_starting_fails(tmp_path: Path, fake, env) -> None:  # noqa: F811,E501
-    args = ["infra=runpod", "infra.nodes=2", "infra.gpus_per_node=8", "trainer.global_batch_size=16",
-            "trainer.micro_batch_size=1", f"infra.workdir={tmp_path / 'pod'}", "infra.poll_seconds=0.05",
-            f"trainer.run_dir={tmp_path / 'run'}"]
+    args = [
+        "infra=runpod",
+        "infra.nodes=2",
+        "infra.gpus_per_node=8",
+        "trainer.global_batch_size=16",
+        "trainer.micro_batch_size=1",
+        f"infra.workdir={tmp_path / 'pod'}",
+        "infra.poll_seconds=0.05",
+        f"trainer.run_dir={tmp_path / 'run'}",
+    ]
     proc = olmx_cli("train", *args, env={**env, "FAKE_SSH_FAIL": "NODE_RANK=1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (create,) = fake.calls("POST", "/v2/clusters")

@@ -50,7 +50,9 @@ def test_minimal_script_runs_one_torchrun_per_node_with_c10d(tmp_path: Path) -> 
         f"--error={tmp_path}/slurm-%j.out",
     ]
     srun = _srun_line(script)
-    assert srun.startswith('srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 python -m torch.distributed.run')
+    assert srun.startswith(
+        'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 python -m torch.distributed.run'
+    )
     for arg in (
         '--nnodes="$SLURM_JOB_NUM_NODES"',
         "--nproc-per-node=2",
@@ -69,7 +71,7 @@ def test_minimal_script_runs_one_torchrun_per_node_with_c10d(tmp_path: Path) -> 
     exports = [line for line in script.splitlines() if line.startswith("export ")]
     assert exports == ['export OLMX_LAUNCH_ID="slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"']
     # A failed srun ends with the run's own outcome code (75 preempted, 76 non-finite) ...
-    assert 'python -m olmx.events ' + str(tmp_path) + ' "$OLMX_LAUNCH_ID"' in script
+    assert "python -m olmx.events " + str(tmp_path) + ' "$OLMX_LAUNCH_ID"' in script
     assert "scontrol requeue" not in script  # ... and is requeued only when allowed
     assert f"cd {tmp_path} ||" in script
 
@@ -129,15 +131,19 @@ def test_every_option_lands_where_it_belongs(tmp_path: Path) -> None:
     # A run that stopped with a checkpoint (exit 75) requeues the job, which resumes from it.
     assert 'if [ "$rc" -eq 75 ]; then' in script and 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in script
     # The run's outcome is read inside the job's container (the host need not have its Python).
-    assert ("srun --nodes=1 --ntasks=1 --container-image='nvcr.io#nvidia/pytorch:25.01-py3' "
-            "--container-mounts=/data:/data --container-workdir=/src/olmx /opt/venv/bin/python -m olmx.events "
-            f'{tmp_path} "$OLMX_LAUNCH_ID"') in script
+    assert (
+        "srun --nodes=1 --ntasks=1 --container-image='nvcr.io#nvidia/pytorch:25.01-py3' "
+        "--container-mounts=/data:/data --container-workdir=/src/olmx /opt/venv/bin/python -m olmx.events "
+        f'{tmp_path} "$OLMX_LAUNCH_ID"'
+    ) in script
 
 
 @pytest.mark.parametrize("full", [False, True])
 def test_rendered_script_is_valid_bash(tmp_path: Path, full: bool) -> None:
     extra = dict(partition="p", time=30, signal_seconds=60, requeue=True, env={"A": "1"}, container_image="img")
-    script = jobs.render_sbatch(run_dir=tmp_path, command="olmx run plan.yaml", nproc_per_node=1, **(extra if full else {}))
+    script = jobs.render_sbatch(
+        run_dir=tmp_path, command="olmx run plan.yaml", nproc_per_node=1, **(extra if full else {})
+    )
     path = tmp_path / "job.sh"
     path.write_text(script)
     proc = subprocess.run([BASH, "-n", str(path)], capture_output=True, text=True)
@@ -241,7 +247,9 @@ def test_missing_slurm_commands_are_named(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_failing_slurm_command_reports_its_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "squeue").write_text(f"#!{BASH}\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n")
+    (tmp_path / "squeue").write_text(
+        f"#!{BASH}\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n"
+    )
     (tmp_path / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SlurmError) as err:

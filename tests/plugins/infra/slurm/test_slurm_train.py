@@ -24,8 +24,10 @@ from tests.test_training import SMALL
 
 pytestmark = [
     pytest.mark.slurm,
-    pytest.mark.skipif(os.environ.get("OLMX_SLURM") != "1",
-                       reason="needs the local Slurm cluster: run scripts/slurm/up.sh as root, then set OLMX_SLURM=1"),
+    pytest.mark.skipif(
+        os.environ.get("OLMX_SLURM") != "1",
+        reason="needs the local Slurm cluster: run scripts/slurm/up.sh as root, then set OLMX_SLURM=1",
+    ),
 ]
 
 SLURM = ["infra=slurm", "infra.cpus_per_task=2", "infra.poll_seconds=0.5", "infra.time=10"]
@@ -87,8 +89,9 @@ def test_train_on_slurm_end_to_end(tmp_path: Path, env: dict) -> None:
 def test_detach_then_jobs_status_logs_cancel(tmp_path: Path, env: dict) -> None:
     run = tmp_path / "run"
     start = time.monotonic()
-    proc = olmx_cli("train", *SLURM, *SMALL, "infra.detach=true", f"trainer.run_dir={run}",
-                    "trainer.max_steps=5000", env=env)
+    proc = olmx_cli(
+        "train", *SLURM, *SMALL, "infra.detach=true", f"trainer.run_dir={run}", "trainer.max_steps=5000", env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jid = job_id(run)
     assert f"Submitted Slurm job {jid}" in proc.stdout and f"olmx jobs status {run}" in proc.stdout
@@ -113,9 +116,14 @@ def test_detach_then_jobs_status_logs_cancel(tmp_path: Path, env: dict) -> None:
 def test_ctrl_c_without_a_terminal_leaves_the_job_running(tmp_path: Path, env: dict) -> None:
     run = tmp_path / "run"
     full_env = {**os.environ, "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1", "COLUMNS": "200", **env}
-    proc = subprocess.Popen([*OLMX, "train", *SLURM, *SMALL, f"trainer.run_dir={run}", "trainer.max_steps=5000"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env)
+    proc = subprocess.Popen(
+        [*OLMX, "train", *SLURM, *SMALL, f"trainer.run_dir={run}", "trainer.max_steps=5000"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+    )
     try:
         jid = wait_for(lambda: (run / "launch.json").exists() and job_id(run), "the submission")
         wait_for(lambda: jobs.job_state(jid) == "RUNNING", "RUNNING")
@@ -152,13 +160,23 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes(tmp_path: Path
     resumes from step 3 and finishes. Rank 0 holds in step 3 until the signal comes
     (``OLMX_FAULTS=hold@3``, once per run directory, so the requeued run passes it)."""
     run = tmp_path / "run"
-    proc = olmx_cli("train", *SLURM, *SMALL, "infra.requeue=true", "infra.detach=true", f"trainer.run_dir={run}",
-                    "trainer.max_steps=6", "trainer.save_interval=100", env={**env, "OLMX_FAULTS": "hold@3"})
+    proc = olmx_cli(
+        "train",
+        *SLURM,
+        *SMALL,
+        "infra.requeue=true",
+        "infra.detach=true",
+        f"trainer.run_dir={run}",
+        "trainer.max_steps=6",
+        "trainer.save_interval=100",
+        env={**env, "OLMX_FAULTS": "hold@3"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jid = job_id(run)
     try:
-        wait_for(lambda: (run / "metrics.jsonl").exists() and '"step": 2' in (run / "metrics.jsonl").read_text(),
-                 "step 2")
+        wait_for(
+            lambda: (run / "metrics.jsonl").exists() and '"step": 2' in (run / "metrics.jsonl").read_text(), "step 2"
+        )
         subprocess.run(["scancel", "--batch", "--signal=TERM", jid], check=True)
         wait_for(lambda: jobs.job_details(jid).get("Restarts") == "1", "the requeue", timeout=90)
 
@@ -179,10 +197,16 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes(tmp_path: Path
         if jobs.job_state(jid) not in jobs.TERMINAL_STATES:
             jobs.cancel(jid)
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-    assert [(e["event"], e.get("launch"), e.get("reason"), e.get("step"), e.get("resumed_from")) for e in events
-            if e["event"] in ("start", "end")] == [
-        ("start", f"slurm-{jid}-0", None, None, None), ("end", f"slurm-{jid}-0", "SIGTERM", 3, None),
-        ("start", f"slurm-{jid}-1", None, None, 3), ("end", f"slurm-{jid}-1", "max_steps", 6, None)]
+    assert [
+        (e["event"], e.get("launch"), e.get("reason"), e.get("step"), e.get("resumed_from"))
+        for e in events
+        if e["event"] in ("start", "end")
+    ] == [
+        ("start", f"slurm-{jid}-0", None, None, None),
+        ("end", f"slurm-{jid}-0", "SIGTERM", 3, None),
+        ("start", f"slurm-{jid}-1", None, None, 3),
+        ("end", f"slurm-{jid}-1", "max_steps", 6, None),
+    ]
     log = jobs.log_path(jid, run).read_text()
     assert f"requeueing job {jid} to resume it" in log
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-
 from olmo_core.config import Config
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.attention import AttentionBackendName
 from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 from olmo_core.nn.transformer.block import TransformerBlock
+
 from olmx_plugins.layers.engram.block import (
     ENGRAM_HASH_IDS_KWARG,
     TABLE_PARAM_PATTERN,
@@ -18,17 +18,26 @@ from olmx_plugins.layers.engram.block import (
 )
 from olmx_plugins.layers.engram.compression import TokenizerCompression, byte_level_tokens
 
-ENGRAM = dict(layer_ids=[1], n_embed_per_ngram=32, n_head_per_ngram=4,
-              vocab_size_per_ngram=[500, 500])
+ENGRAM = dict(layer_ids=[1], n_embed_per_ngram=32, n_head_per_ngram=4, vocab_size_per_ngram=[500, 500])
 
 
 def tiny_config(engram: EngramConfig, block_name=TransformerBlockType.default) -> TransformerConfig:
-    cfg = TransformerConfig.llama_like(d_model=64, vocab_size=384, n_layers=2, n_heads=4,
-                                       attn_backend=AttentionBackendName.torch,
-                                       block_name=block_name)
+    cfg = TransformerConfig.llama_like(
+        d_model=64,
+        vocab_size=384,
+        n_layers=2,
+        n_heads=4,
+        attn_backend=AttentionBackendName.torch,
+        block_name=block_name,
+    )
     base = cfg.block
-    mem = EngramBlockConfig(sequence_mixer=base.sequence_mixer, layer_norm=base.layer_norm,
-                            feed_forward=base.feed_forward, name=base.name, engram=engram)
+    mem = EngramBlockConfig(
+        sequence_mixer=base.sequence_mixer,
+        layer_norm=base.layer_norm,
+        feed_forward=base.feed_forward,
+        name=base.name,
+        engram=engram,
+    )
     cfg.block = {"dense": base, "engram": mem}
     cfg.block_pattern = ["dense", "engram"]
     return cfg
@@ -38,13 +47,11 @@ def build_model(engram: EngramConfig, init_device="meta", **kwargs):
     comp = TokenizerCompression(byte_level_tokens())
     model = tiny_config(engram, **kwargs).build(init_device=init_device)
     model.init_weights(device=torch.device("cpu"))
-    hasher = engram.build_hasher(pad_id=comp.canonical(257),
-                                 compressed_vocab_size=comp.compressed_vocab_size)
+    hasher = engram.build_hasher(pad_id=comp.canonical(257), compressed_vocab_size=comp.compressed_vocab_size)
     return apply_engram_inputs(model, compression=comp, hasher=hasher), comp, hasher
 
 
-@pytest.mark.parametrize("block_name", [TransformerBlockType.default,
-                                        TransformerBlockType.reordered_norm])
+@pytest.mark.parametrize("block_name", [TransformerBlockType.default, TransformerBlockType.reordered_norm])
 def test_tiny_model_builds_runs_and_blocks_receive_hashes(block_name):
     torch.manual_seed(0)
     engram = EngramConfig(**ENGRAM)

@@ -119,21 +119,27 @@ def test_package_import_is_light_and_exports_lazily():
     from olmx_plugins.layers.engram.hashing import NgramHasher
 
     code = (
-        "import sys, olmx_plugins.layers.engram; "
-        "assert 'torch' not in sys.modules and 'olmo_core' not in sys.modules"
+        "import sys, olmx_plugins.layers.engram; assert 'torch' not in sys.modules and 'olmo_core' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert engram.NgramHasher is NgramHasher
     assert engram.TokenizerCompression is TokenizerCompression
     with pytest.raises(AttributeError):
-        engram.not_there
+        _ = engram.not_there
 
 
 def _tokenizer_json(path, vocab: dict[str, int], added: list[dict], *, model="BPE", decoder="ByteLevel"):
     import json
 
-    path.write_text(json.dumps({"model": {"type": model, "vocab": vocab, "merges": []},
-                                "decoder": {"type": decoder}, "added_tokens": added}))
+    path.write_text(
+        json.dumps(
+            {
+                "model": {"type": model, "vocab": vocab, "merges": []},
+                "decoder": {"type": decoder},
+                "added_tokens": added,
+            }
+        )
+    )
     return str(path)
 
 
@@ -143,11 +149,19 @@ def test_tokenizer_json_of_a_byte_level_bpe_decodes_each_id_as_the_tokenizers_pa
     from olmx_plugins.layers.engram.compression import tokenizer_json_tokens
 
     vocab = {"Apple": 0, "Ġapple": 1, "APPLE": 2, "Ã©": 3, "e": 4, "Ã": 5, "Ä": 6}
-    path = _tokenizer_json(tmp_path / "tokenizer.json", vocab,
-                           [{"id": 7, "content": "<|endoftext|>", "special": True}])
+    path = _tokenizer_json(tmp_path / "tokenizer.json", vocab, [{"id": 7, "content": "<|endoftext|>", "special": True}])
     tokens = tokenizer_json_tokens(path, vocab_size=9)
-    assert tokens == [("Apple", "Apple"), (" apple", "Ġapple"), ("APPLE", "APPLE"), ("é", "Ã©"), ("e", "e"),
-                      ("\ufffd", "Ã"), ("\ufffd", "Ä"), ("<|endoftext|>", "<|endoftext|>"), (None, "<|unused_8|>")]
+    assert tokens == [
+        ("Apple", "Apple"),
+        (" apple", "Ġapple"),
+        ("APPLE", "APPLE"),
+        ("é", "Ã©"),
+        ("e", "e"),
+        ("\ufffd", "Ã"),
+        ("\ufffd", "Ä"),
+        ("<|endoftext|>", "<|endoftext|>"),
+        (None, "<|unused_8|>"),
+    ]
     ids = TokenizerCompression(tokens).lookup.tolist()
     assert ids[0] == ids[1] == ids[2] and ids[3] == ids[4]  # case, space, accents collapse
     assert len({ids[0], ids[3], ids[5], ids[6], ids[7], ids[8]}) == 6  # partial bytes keep their raw keys
@@ -164,8 +178,17 @@ def test_engram_compression_with_a_non_byte_tokenizer_needs_its_tokenizer_json(t
     reg = registry()
     data = tmp_path / "tokens.npy"
     data.write_bytes(b"\0" * 1024)
-    common = ["layers=[engram]", "data=numpy", f"data.paths=[{data}]", "data.seq_len=64", "data.tokenizer.vocab_size=9",
-              "data.tokenizer.eos_id=7", "data.tokenizer.pad_id=8", "infra.nproc_per_node=1", "parallel=[]"]
+    common = [
+        "layers=[engram]",
+        "data=numpy",
+        f"data.paths=[{data}]",
+        "data.seq_len=64",
+        "data.tokenizer.vocab_size=9",
+        "data.tokenizer.eos_id=7",
+        "data.tokenizer.pad_id=8",
+        "infra.nproc_per_node=1",
+        "parallel=[]",
+    ]
     with pytest.raises(ConfigError, match="layers.engram.compression.*set data.tokenizer.path"):
         resolve(to_object(compose(common, reg), reg), reg)
     bad = _tokenizer_json(tmp_path / "wp.json", {"a": 0}, [], model="WordPiece")

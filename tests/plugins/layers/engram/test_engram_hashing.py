@@ -17,34 +17,132 @@ TEXT = "Only Alexander the Great could tame the horse Bucephalus."
 # layers [1, 15], seed 0). "n4": vocab [1000, 2000, 3000], N=4, K=2, layers [0, 3], seed 7.
 GOLDEN = {
     "demo": dict(
-        args=dict(vocab_size_per_ngram=[129280 * 5] * 2, max_ngram_size=3, n_head_per_ngram=8,
-                  layer_ids=[1, 15], seed=0),
+        args=dict(
+            vocab_size_per_ngram=[129280 * 5] * 2, max_ngram_size=3, n_head_per_ngram=8, layer_ids=[1, 15], seed=0
+        ),
         layers={
             1: dict(
-                primes=[646403, 646411, 646421, 646423, 646433, 646453, 646519, 646523,
-                        646537, 646543, 646549, 646571, 646573, 646577, 646609, 646619],
+                primes=[
+                    646403,
+                    646411,
+                    646421,
+                    646423,
+                    646433,
+                    646453,
+                    646519,
+                    646523,
+                    646537,
+                    646543,
+                    646549,
+                    646571,
+                    646573,
+                    646577,
+                    646609,
+                    646619,
+                ],
                 mult=[21390500454689107, 1350966202362319, 10037509435123841],
                 total=291902428,
-                t0=[88240, 375198, 560768, 141443, 274344, 602395, 267103, 539884,
-                    449228, 1190, 458843, 330121, 264984, 428943, 193791, 297416],
-                t_last=[259846, 433822, 372232, 320946, 506429, 430908, 193321, 281274,
-                        465794, 449322, 290987, 39109, 131576, 49686, 85547, 172158],
+                t0=[
+                    88240,
+                    375198,
+                    560768,
+                    141443,
+                    274344,
+                    602395,
+                    267103,
+                    539884,
+                    449228,
+                    1190,
+                    458843,
+                    330121,
+                    264984,
+                    428943,
+                    193791,
+                    297416,
+                ],
+                t_last=[
+                    259846,
+                    433822,
+                    372232,
+                    320946,
+                    506429,
+                    430908,
+                    193321,
+                    281274,
+                    465794,
+                    449322,
+                    290987,
+                    39109,
+                    131576,
+                    49686,
+                    85547,
+                    172158,
+                ],
             ),
             15: dict(
-                primes=[646631, 646637, 646643, 646669, 646687, 646721, 646757, 646771,
-                        646781, 646823, 646831, 646837, 646843, 646859, 646873, 646879],
+                primes=[
+                    646631,
+                    646637,
+                    646643,
+                    646669,
+                    646687,
+                    646721,
+                    646757,
+                    646771,
+                    646781,
+                    646823,
+                    646831,
+                    646837,
+                    646843,
+                    646859,
+                    646873,
+                    646879,
+                ],
                 mult=[8072257374559897, 15637100028836287, 15053341297512963],
                 total=299945172,
-                t0=[149383, 361183, 214132, 330366, 62389, 508586, 253560, 160139,
-                    132142, 429732, 21903, 392562, 364290, 436040, 437425, 440981],
-                t_last=[190810, 246615, 13118, 434256, 177427, 243286, 547891, 51589,
-                        282484, 642410, 59242, 591699, 197959, 572932, 450799, 287540],
+                t0=[
+                    149383,
+                    361183,
+                    214132,
+                    330366,
+                    62389,
+                    508586,
+                    253560,
+                    160139,
+                    132142,
+                    429732,
+                    21903,
+                    392562,
+                    364290,
+                    436040,
+                    437425,
+                    440981,
+                ],
+                t_last=[
+                    190810,
+                    246615,
+                    13118,
+                    434256,
+                    177427,
+                    243286,
+                    547891,
+                    51589,
+                    282484,
+                    642410,
+                    59242,
+                    591699,
+                    197959,
+                    572932,
+                    450799,
+                    287540,
+                ],
             ),
         },
     ),
     "n4": dict(
-        args=dict(vocab_size_per_ngram=[1000, 2000, 3000], max_ngram_size=4, n_head_per_ngram=2,
-                  layer_ids=[0, 3], seed=7),
+        args=dict(
+            vocab_size_per_ngram=[1000, 2000, 3000], max_ngram_size=4, n_head_per_ngram=2, layer_ids=[0, 3], seed=7
+        ),
         layers={
             0: dict(
                 primes=[1009, 1013, 2003, 2011, 3001, 3011],
@@ -66,8 +164,15 @@ GOLDEN = {
 
 
 def _hasher(**overrides) -> NgramHasher:
-    args = dict(layer_ids=[1, 4], max_ngram_size=3, n_head_per_ngram=4,
-                vocab_size_per_ngram=[1000, 1500], pad_id=0, seed=0, compressed_vocab_size=300)
+    args = dict(
+        layer_ids=[1, 4],
+        max_ngram_size=3,
+        n_head_per_ngram=4,
+        vocab_size_per_ngram=[1000, 1500],
+        pad_id=0,
+        seed=0,
+        compressed_vocab_size=300,
+    )
     args.update(overrides)
     return NgramHasher(**args)
 
@@ -77,8 +182,7 @@ def test_matches_official_golden_values(name):
     comp = TokenizerCompression(byte_level_tokens())
     assert comp.compressed_vocab_size == 355 and comp.canonical(257) == 228
     spec = GOLDEN[name]
-    hasher = NgramHasher(**spec["args"], pad_id=comp.canonical(257),
-                         compressed_vocab_size=comp.compressed_vocab_size)
+    hasher = NgramHasher(**spec["args"], pad_id=comp.canonical(257), compressed_vocab_size=comp.compressed_vocab_size)
     ids = comp.compress(torch.tensor([list(TEXT.encode())]))
     for layer_id, gold in spec["layers"].items():
         assert hasher.table_sizes(layer_id) == gold["primes"]
@@ -114,8 +218,9 @@ def test_ids_in_range_and_dtype():
 
 
 def test_primes_distinct_and_above_configured_size():
-    sizes = ngram_table_sizes(layer_ids=[0, 2, 9], max_ngram_size=4, n_head_per_ngram=5,
-                              vocab_size_per_ngram=[100, 100, 50])
+    sizes = ngram_table_sizes(
+        layer_ids=[0, 2, 9], max_ngram_size=4, n_head_per_ngram=5, vocab_size_per_ngram=[100, 100, 50]
+    )
     flat = [p for layer in (0, 2, 9) for p in sizes[layer]]
     assert len(flat) == 3 * 3 * 5 == len(set(flat))
     assert all(is_prime(p) for p in flat)
@@ -170,8 +275,7 @@ def test_sequence_start_uses_pad():
 
 def test_compression_invariance():
     comp = TokenizerCompression(byte_level_tokens())
-    hasher = _hasher(compressed_vocab_size=comp.compressed_vocab_size,
-                     pad_id=comp.canonical(257))
+    hasher = _hasher(compressed_vocab_size=comp.compressed_vocab_size, pad_id=comp.canonical(257))
     upper = torch.tensor([list(b"Hello WORLD\tX")])
     lower = torch.tensor([list(b"hello world x")])
     assert not torch.equal(upper, lower)

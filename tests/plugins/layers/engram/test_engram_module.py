@@ -11,18 +11,29 @@ D_MODEL, N, K, VOCAB = 32, 3, 4, 50
 
 def _setup(zero_init_conv=True, seed=0):
     torch.manual_seed(seed)
-    hasher = NgramHasher(layer_ids=[2], max_ngram_size=N, n_head_per_ngram=K,
-                         vocab_size_per_ngram=[200, 300], pad_id=0, seed=0,
-                         compressed_vocab_size=VOCAB)
-    engram = Engram(d_model=D_MODEL, table_sizes=hasher.table_sizes(2), max_ngram_size=N,
-                    n_head_per_ngram=K, n_embed_per_ngram=16, zero_init_conv=zero_init_conv)
+    hasher = NgramHasher(
+        layer_ids=[2],
+        max_ngram_size=N,
+        n_head_per_ngram=K,
+        vocab_size_per_ngram=[200, 300],
+        pad_id=0,
+        seed=0,
+        compressed_vocab_size=VOCAB,
+    )
+    engram = Engram(
+        d_model=D_MODEL,
+        table_sizes=hasher.table_sizes(2),
+        max_ngram_size=N,
+        n_head_per_ngram=K,
+        n_embed_per_ngram=16,
+        zero_init_conv=zero_init_conv,
+    )
     return hasher, engram
 
 
 def _inputs(batch=2, seq=40, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, VOCAB, (batch, seq), generator=g),
-            torch.randn(batch, seq, D_MODEL, generator=g))
+    return (torch.randint(0, VOCAB, (batch, seq), generator=g), torch.randn(batch, seq, D_MODEL, generator=g))
 
 
 def test_shapes_and_gate_strictly_inside_unit_interval():
@@ -109,8 +120,6 @@ def test_table_offsets_pack_heads():
 
 def test_rejects_inconsistent_sizes():
     with pytest.raises(ValueError, match="table sizes"):
-        Engram(d_model=8, table_sizes=[11, 13], max_ngram_size=3, n_head_per_ngram=2,
-               n_embed_per_ngram=4)
+        Engram(d_model=8, table_sizes=[11, 13], max_ngram_size=3, n_head_per_ngram=2, n_embed_per_ngram=4)
     with pytest.raises(ValueError, match="divisible"):
-        Engram(d_model=8, table_sizes=[11, 13, 17, 19], max_ngram_size=3, n_head_per_ngram=2,
-               n_embed_per_ngram=5)
+        Engram(d_model=8, table_sizes=[11, 13, 17, 19], max_ngram_size=3, n_head_per_ngram=2, n_embed_per_ngram=5)

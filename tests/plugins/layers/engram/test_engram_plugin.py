@@ -13,9 +13,20 @@ from typer.testing import CliRunner
 from olmx.cli import app
 from tests.conftest import olmx_cli
 
-TINY = ["layers=[engram]", "layers.engram.n_embed_per_ngram=64", "model.d_model=64", "model.n_layers=2",
-        "model.hidden_size=128", "data.seq_len=64", "trainer.global_batch_size=8", "trainer.micro_batch_size=4",
-        "trainer.max_steps=6", "trainer.warmup_steps=2", "trainer.save_interval=100", "trainer.report=false"]
+TINY = [
+    "layers=[engram]",
+    "layers.engram.n_embed_per_ngram=64",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.hidden_size=128",
+    "data.seq_len=64",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=4",
+    "trainer.max_steps=6",
+    "trainer.warmup_steps=2",
+    "trainer.save_interval=100",
+    "trainer.report=false",
+]
 
 
 def dry_run(tmp_path, monkeypatch, *args):
@@ -28,8 +39,15 @@ def test_plan_shows_tables_and_traffic(tmp_path, monkeypatch):
     from olmx_plugins.layers.engram import NgramHasher
 
     out = dry_run(tmp_path, monkeypatch, *TINY).stdout
-    sizes = NgramHasher(layer_ids=[1], max_ngram_size=3, n_head_per_ngram=8, vocab_size_per_ngram=[1920, 1920],
-                        pad_id=0, seed=0, compressed_vocab_size=355).table_sizes(1)
+    sizes = NgramHasher(
+        layer_ids=[1],
+        max_ngram_size=3,
+        n_head_per_ngram=8,
+        vocab_size_per_ngram=[1920, 1920],
+        pad_id=0,
+        seed=0,
+        compressed_vocab_size=355,
+    ).table_sizes(1)
     assert f"block 1: 16 heads, {sum(sizes):,} rows x 8, {sum(sizes) * 8:,} params" in out
     assert "lookups per step" in out and f"{8 * 64 * 16:,} rows" in out
 
@@ -38,7 +56,11 @@ def test_plan_shows_tables_and_traffic(tmp_path, monkeypatch):
     ("args", "field", "text"),
     [
         (["layers.engram.layer_ids=[5]"], "layers.engram.layer_ids", "[5] outside [0, model.n_layers=2)"),
-        (["layers.engram.n_embed_per_ngram=60"], "layers.engram.n_embed_per_ngram", "divisible by layers.engram.n_head_per_ngram=8"),
+        (
+            ["layers.engram.n_embed_per_ngram=60"],
+            "layers.engram.n_embed_per_ngram",
+            "divisible by layers.engram.n_head_per_ngram=8",
+        ),
         (["layers.engram.vocab_size_per_ngram=[100]"], "layers.engram.vocab_size_per_ngram", "needs 2 entries"),
         (["layers.engram.sharding=3d"], "layers.engram.sharding", "replicated, 1d, 2d"),
         (["layers.engram.sharding=2d"], "layers.engram.shard_degree", "sharding=2d needs a shard_degree"),
@@ -55,7 +77,12 @@ def test_experiments_resolve(tmp_path, monkeypatch):
     (tmp_path / "tokens.npy").write_bytes(b"\0" * 64)
     out = dry_run(tmp_path, monkeypatch, "experiment=engram_3p5b", f"data.paths=[{tmp_path}/tokens.npy]")
     assert out.exit_code == 0, out.stderr
-    total = int(next(line for line in out.stdout.splitlines() if "│ parameters " in line).split("│")[2].split()[0].replace(",", ""))
+    total = int(
+        next(line for line in out.stdout.splitlines() if "│ parameters " in line)
+        .split("│")[2]
+        .split()[0]
+        .replace(",", "")
+    )
     assert 3.3e9 < total < 3.7e9
     assert "dp_replicate=1 x dp_shard=4" in out.stdout and "bfloat16" in out.stdout
 
@@ -91,7 +118,7 @@ def checkpoint(path: Path) -> tuple[dict, object]:
 
     metadata = get_checkpoint_metadata(str(path / "model_and_optim"))
     keys = sorted(metadata.state_dict_metadata)
-    return dict(zip(keys, load_keys(str(path / "model_and_optim"), keys))), metadata
+    return dict(zip(keys, load_keys(str(path / "model_and_optim"), keys), strict=True)), metadata
 
 
 def assert_states_equal(a: dict, b: dict, **tolerance) -> None:
@@ -101,7 +128,7 @@ def assert_states_equal(a: dict, b: dict, **tolerance) -> None:
     assert a.keys() == b.keys()
     for key, value in a.items():
         if isinstance(value, torch.Tensor):
-            torch.testing.assert_close(value, b[key], **tolerance, msg=lambda m: f"{key}: {m}")
+            torch.testing.assert_close(value, b[key], **tolerance, msg=lambda m, key=key: f"{key}: {m}")
         else:
             assert value == b[key], key
 
@@ -159,16 +186,17 @@ def test_engram_extends_the_blocks_another_layer_plugin_placed(placement, listed
     named blocks or by block overrides; both train."""
     import torch
 
-    from olmx.worker.model import build_model
     from olmx.config.compose import compose, to_object
     from olmx.plan.resolve import resolve
     from olmx.registry import registry
+    from olmx.worker.model import build_model
     from olmx_plugins.layers.engram.block import EngramTransformerBlock
     from olmx_plugins.layers.moe.block import MoEBlock
 
     reg = registry()
-    run = to_object(compose([listed, placement, "layers.moe.num_experts=4",
-                             "layers.engram.layer_ids=[0,1]", *TINY[1:]], reg), reg)
+    run = to_object(
+        compose([listed, placement, "layers.moe.num_experts=4", "layers.engram.layer_ids=[0,1]", *TINY[1:]], reg), reg
+    )
     plan = resolve(run, reg)
     model = build_model(plan, reg)
     model.init_weights(device=torch.device("cpu"))

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from olmo_core.testing import run_distributed_test
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from olmo_core.testing import run_distributed_test
 from olmx_plugins.layers.engram.sharding import (
     REPLICATE_DIM,
     SHARD_DIM,
@@ -55,8 +55,7 @@ def _expected_bytes(table: EngramTable, groups: torch.Tensor) -> tuple[int, int]
     forward = 8 * (n_shards - 1) + 8 * sent_ids + 4 * DIM * served
     backward = 4 * DIM * sent_ids
     if n_groups > 1:
-        touched = [torch.cat([owned(int(r), j) for r in groups[g]]).unique().numel()
-                   for g in range(n_groups)]
+        touched = [torch.cat([owned(int(r), j) for r in groups[g]]).unique().numel() for g in range(n_groups)]
         backward += (n_groups - 1) * (8 + max(touched) * (8 + 4 * DIM))
     return forward, backward
 
@@ -105,14 +104,14 @@ def _tables_equal_replicated():
     pairs = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pair", SHARD_DIM))
     _check_table("1d", pairs[SHARD_DIM])
     for rep, shards in ((2, 1), (1, 2)):
-        mesh = init_device_mesh("cpu", (2, rep, shards),
-                                mesh_dim_names=("pair", REPLICATE_DIM, SHARD_DIM))
+        mesh = init_device_mesh("cpu", (2, rep, shards), mesh_dim_names=("pair", REPLICATE_DIM, SHARD_DIM))
         _check_table("2d", mesh[REPLICATE_DIM, SHARD_DIM])
 
 
 def _table_and_optim(sharding: str, mesh: DeviceMesh | None, seed: int):
     module = torch.nn.ModuleDict(
-        {"t": EngramTable(table_sizes=SIZES, dim=DIM, sharding=sharding, mesh=mesh, init_seed=seed)})
+        {"t": EngramTable(table_sizes=SIZES, dim=DIM, sharding=sharding, mesh=mesh, init_seed=seed)}
+    )
     return module, torch.optim.AdamW(module.parameters(), lr=0.1, foreach=False)
 
 
@@ -129,8 +128,10 @@ def _checkpoint_across_layouts(ckpt: str):
     (module["t"](ids) * upstream).sum().backward()
     opt.step()
     save_model_and_optim_state(ckpt, module, opt, flatten_optimizer_state=True)
-    saved = {"weight": module["t"].weight.full_tensor(),
-             "exp_avg": opt.state[module["t"].weight]["exp_avg"].full_tensor()}
+    saved = {
+        "weight": module["t"].weight.full_tensor(),
+        "exp_avg": opt.state[module["t"].weight]["exp_avg"].full_tensor(),
+    }
     if dist.get_rank() == 0:
         torch.save(saved, f"{ckpt}/full.pt")
 
@@ -146,33 +147,40 @@ def _model_step(dp: str):
     from olmo_core.nn.transformer import TransformerConfig
     from torch.distributed.tensor import DTensor
 
+    from olmx.worker.clip import global_grad_norm
     from olmx_plugins.layers.engram.block import (
         EngramBlockConfig,
         EngramConfig,
         apply_engram_inputs,
     )
     from olmx_plugins.layers.engram.compression import TokenizerCompression, byte_level_tokens
-    from olmx.worker.clip import global_grad_norm
     from olmx_plugins.layers.engram.sharding import collect_comm_stats
 
     comp = TokenizerCompression(byte_level_tokens())
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def build(sharding: str):
-        engram = EngramConfig(layer_ids=[1], n_embed_per_ngram=16, n_head_per_ngram=2,
-                              vocab_size_per_ngram=[300, 300], sharding=sharding)
-        cfg = TransformerConfig.llama_like(d_model=32, vocab_size=384, n_layers=2, n_heads=2,
-                                           attn_backend=AttentionBackendName.torch)
+        engram = EngramConfig(
+            layer_ids=[1], n_embed_per_ngram=16, n_head_per_ngram=2, vocab_size_per_ngram=[300, 300], sharding=sharding
+        )
+        cfg = TransformerConfig.llama_like(
+            d_model=32, vocab_size=384, n_layers=2, n_heads=2, attn_backend=AttentionBackendName.torch
+        )
         base = cfg.block
-        cfg.block = {"dense": base, "engram": EngramBlockConfig(
-            sequence_mixer=base.sequence_mixer, layer_norm=base.layer_norm,
-            feed_forward=base.feed_forward, engram=engram)}
+        cfg.block = {
+            "dense": base,
+            "engram": EngramBlockConfig(
+                sequence_mixer=base.sequence_mixer,
+                layer_norm=base.layer_norm,
+                feed_forward=base.feed_forward,
+                engram=engram,
+            ),
+        }
         cfg.block_pattern = ["dense", "engram"]
         model = cfg.build(init_device="meta")
         torch.manual_seed(0)
         model.init_weights(device=torch.device("cpu"))
-        hasher = engram.build_hasher(pad_id=comp.canonical(257),
-                                     compressed_vocab_size=comp.compressed_vocab_size)
+        hasher = engram.build_hasher(pad_id=comp.canonical(257), compressed_vocab_size=comp.compressed_vocab_size)
         return apply_engram_inputs(model, compression=comp, hasher=hasher)
 
     def batch(r):
@@ -181,16 +189,18 @@ def _model_step(dp: str):
     def optimizer(model):
         tables = [p for n, p in model.named_parameters() if n.endswith("engram.table.weight")]
         rest = [p for n, p in model.named_parameters() if not n.endswith("engram.table.weight")]
-        return torch.optim.AdamW([{"params": rest}, {"params": tables, "lr": 5e-2,
-                                                      "weight_decay": 0.0}],
-                                 lr=1e-2, weight_decay=0.1, foreach=False)
+        return torch.optim.AdamW(
+            [{"params": rest}, {"params": tables, "lr": 5e-2, "weight_decay": 0.0}],
+            lr=1e-2,
+            weight_decay=0.1,
+            foreach=False,
+        )
 
     ref = build("replicated")
     model = build("1d")
     table = model.blocks["1"].engram.table
     assert table.is_sharded and isinstance(table.weight, DTensor)
-    torch.testing.assert_close(table.weight.full_tensor(), ref.blocks["1"].engram.table.weight,
-                               rtol=0, atol=0)
+    torch.testing.assert_close(table.weight.full_tensor(), ref.blocks["1"].engram.table.weight, rtol=0, atol=0)
     mesh = init_device_mesh("cpu", (world,))
     if dp == "ddp":
         model.apply_ddp(dp_mesh=mesh)
@@ -213,8 +223,9 @@ def _model_step(dp: str):
 
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        torch.testing.assert_close(full(p.grad), ref_params[name].grad, rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"{dp} {name}: {m}")
+        torch.testing.assert_close(
+            full(p.grad), ref_params[name].grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{dp} {name}: {m}"
+        )
     # The core's clipping norm across the table's mesh and the DDP/FSDP gradients, no gathering.
     ref_norm = torch.stack([p.grad.pow(2).sum() for p in ref.parameters()]).sum().sqrt()
     torch.testing.assert_close(global_grad_norm(model.parameters()), ref_norm, rtol=1e-5, atol=1e-6)
@@ -246,8 +257,7 @@ def test_sharded_tables_and_model_on_gloo_ranks(tmp_path):
     from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_model_and_optim_state
 
     ckpt = str(tmp_path / "ckpt")
-    run_distributed_test(_world4, world_size=4, backend="gloo", start_method="spawn",
-                         func_args=(ckpt,))
+    run_distributed_test(_world4, world_size=4, backend="gloo", start_method="spawn", func_args=(ckpt,))
     # The 2d table was saved once, as whole rows: its chunks tile the table (2 shards, the
     # replicate dimension deduplicated), none lost or duplicated.
     chunks = get_checkpoint_metadata(ckpt).state_dict_metadata["model.t.weight"].chunks

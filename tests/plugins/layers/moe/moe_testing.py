@@ -12,8 +12,20 @@ def tiny_moe_model_config(**moe_kw):
     from olmo_core.nn.transformer import TransformerConfig
 
     base = TransformerConfig.llama_like(d_model=64, vocab_size=384, n_layers=2, n_heads=4, attn_backend="torch")
-    moe = MoEFeedForwardConfig(**{**dict(num_experts=4, top_k=2, hidden_size=32, shared_hidden_size=32,
-                                         lb_loss_weight=0.01, z_loss_weight=0.001, init_std=0.05), **moe_kw})
+    moe = MoEFeedForwardConfig(
+        **{
+            **dict(
+                num_experts=4,
+                top_k=2,
+                hidden_size=32,
+                shared_hidden_size=32,
+                lb_loss_weight=0.01,
+                z_loss_weight=0.001,
+                init_std=0.05,
+            ),
+            **moe_kw,
+        }
+    )
     return dataclasses.replace(
         base,
         block={"dense": base.block, "moe": MoEBlockConfig.from_dense(base.block, moe=moe)},

@@ -67,7 +67,7 @@ def test_meta_build_then_init_weights_equals_cpu_build():
     a.init_weights(device=torch.device("cpu"))
     b = cfg.build(init_device="meta")
     b.init_weights(device=torch.device("cpu"))
-    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
     ids, labels = _batch(1)
     torch.testing.assert_close(a(ids, labels=labels).loss, b(ids, labels=labels).loss)
@@ -93,7 +93,8 @@ def test_config_round_trip_and_validation():
         MoEFeedForwardConfig(gating="relu").validate()
     with pytest.raises(NotImplementedError):
         MoEBlockConfig.from_dense(cfg.block["dense"], moe=MoEFeedForwardConfig()).build(
-            d_model=64, block_idx=0, n_layers=1).apply_tp(None, input_layout=None)
+            d_model=64, block_idx=0, n_layers=1
+        ).apply_tp(None, input_layout=None)
 
 
 @pytest.mark.parametrize("dropless", [False, True])
@@ -105,18 +106,28 @@ def test_olmo_core_v1_checkpoint_maps_onto_portable_layer(dropless):
     torch.manual_seed(0)
     d, h, E, N = 16, 24, 4, 5
     v1 = MoEConfig(
-        name=MoEType.dropless if dropless else MoEType.default, num_experts=E, hidden_size=h,
-        capacity_factor=None if dropless else 1.5, router=MoERouterConfig(top_k=2, bias_gamma=0.01),
+        name=MoEType.dropless if dropless else MoEType.default,
+        num_experts=E,
+        hidden_size=h,
+        capacity_factor=None if dropless else 1.5,
+        router=MoERouterConfig(top_k=2, bias_gamma=0.01),
         shared_mlp=FeedForwardConfig(hidden_size=8, bias=False),
     ).build(d_model=d)
     with torch.no_grad():
         for p in v1.parameters():
             p.normal_(0, 0.2)
         v1.router.score_bias.normal_()
-    ours = MoEFeedForwardConfig(num_experts=E, top_k=2, hidden_size=h, shared_hidden_size=8, bias_gamma=0.01,
-                                shared_expert_mixing="olmo_core_v1").build(d)
-    ours.load_state_dict(v1_state_dict_to_portable(v1.state_dict(), num_experts=E, d_model=d, hidden_size=h,
-                                                   dropless=dropless))
+    ours = MoEFeedForwardConfig(
+        num_experts=E,
+        top_k=2,
+        hidden_size=h,
+        shared_hidden_size=8,
+        bias_gamma=0.01,
+        shared_expert_mixing="olmo_core_v1",
+    ).build(d)
+    ours.load_state_dict(
+        v1_state_dict_to_portable(v1.state_dict(), num_experts=E, d_model=d, hidden_size=h, dropless=dropless)
+    )
     x = torch.randn(E * N, d)
     torch.testing.assert_close(ours.router(x).logits, v1.router.get_expert_logits(x))
     torch.testing.assert_close(ours.router.score_bias, v1.router.score_bias)

@@ -21,9 +21,21 @@ from tests.conftest import olmx_cli
 pytestmark = pytest.mark.dist
 
 #: The smallest run that still has 4 experts over 4 ranks: d_model 32, 2 MoE blocks.
-TINY = ["trainer.report=false", "layers=[moe]", "layers.moe.num_experts=4", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
-        "model.hidden_size=64", "data.seq_len=32", "trainer.global_batch_size=8", "trainer.micro_batch_size=2",
-        "trainer.warmup_steps=1", "trainer.max_steps=4", "trainer.save_interval=2"]
+TINY = [
+    "trainer.report=false",
+    "layers=[moe]",
+    "layers.moe.num_experts=4",
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.hidden_size=64",
+    "data.seq_len=32",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=2",
+    "trainer.warmup_steps=1",
+    "trainer.max_steps=4",
+    "trainer.save_interval=2",
+]
 EXPERT = "model.blocks.1.moe.experts.w1"
 
 

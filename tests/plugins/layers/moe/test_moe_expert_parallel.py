@@ -33,8 +33,17 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 def _moe(**kw) -> MoEFeedForward:
-    args = dict(num_experts=E, hidden_size=H, top_k=2, shared_hidden_size=8, lb_loss_weight=0.1,
-                z_loss_weight=0.01, bias_gamma=0.05, init_std=0.3, seed_key="ep-test")
+    args = dict(
+        num_experts=E,
+        hidden_size=H,
+        top_k=2,
+        shared_hidden_size=8,
+        lb_loss_weight=0.1,
+        z_loss_weight=0.01,
+        bias_gamma=0.05,
+        init_std=0.3,
+        seed_key="ep-test",
+    )
     args.update(kw)
     return MoEFeedForward(D, **args)
 
@@ -60,7 +69,7 @@ def _check_ep(ep_degree: int, capacity_factor: float | None) -> None:
     ref = _moe(capacity_factor=capacity_factor)
     ref_outs = []
     total = 0.0
-    for x, g in zip(xs, gs):
+    for x, g in zip(xs, gs, strict=True):
         out = ref(x, loss_div_factor=x.shape[0] * world)
         ref_outs.append((out.detach(), {k: v * world for k, v in ref.last_aux_losses.items()}))
         total = total + (out * g).sum() / x.shape[0]
@@ -108,8 +117,11 @@ def _check_all_to_all_uneven() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     send = [(rank + p) % 3 for p in range(world)]  # rows for peer p
     recv = [(p + rank) % 3 for p in range(world)]  # rows from peer p
-    x = torch.stack([torch.full((2,), 100.0 * rank + p) for p, n in enumerate(send) for _ in range(n)]
-                    ) if sum(send) else torch.zeros(0, 2)
+    x = (
+        torch.stack([torch.full((2,), 100.0 * rank + p) for p, n in enumerate(send) for _ in range(n)])
+        if sum(send)
+        else torch.zeros(0, 2)
+    )
     x.requires_grad_(True)
     y = all_to_all(x, output_split_sizes=recv, input_split_sizes=send, group=dist.group.WORLD)
     expected = [100.0 * p + rank for p, n in enumerate(recv) for _ in range(n)]
@@ -207,8 +219,9 @@ def _launch(world_size: int, ep_degrees: list[int]) -> None:
     import moe_testing  # noqa: F401
     import olmo_core.nn.ddp  # noqa: F401  (imported by Transformer.init_weights)
 
-    run_distributed_test(_run_checks, world_size=world_size, backend="gloo", start_method="fork",
-                         func_args=(ep_degrees,))
+    run_distributed_test(
+        _run_checks, world_size=world_size, backend="gloo", start_method="fork", func_args=(ep_degrees,)
+    )
 
 
 def test_expert_parallel_two_processes():

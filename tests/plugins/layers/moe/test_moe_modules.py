@@ -27,7 +27,9 @@ def make_moe(**kw) -> MoEFeedForward:
 
 def swiglu_all_experts(x, w1, w2, w3):
     """Every expert applied to every token: [E, N, d]."""
-    return torch.einsum("enh,ehd->end", F.silu(torch.einsum("nd,edh->enh", x, w1)) * torch.einsum("nd,edh->enh", x, w3), w2)
+    return torch.einsum(
+        "enh,ehd->end", F.silu(torch.einsum("nd,edh->enh", x, w1)) * torch.einsum("nd,edh->enh", x, w3), w2
+    )
 
 
 def dense_reference(moe: MoEFeedForward, x: torch.Tensor, keep: torch.Tensor | None = None):
@@ -140,8 +142,7 @@ def test_grouped_matmul_matches_loop_and_gives_zero_grads_to_empty_groups(dtype,
 @pytest.mark.parametrize("gating", ["softmax", "sigmoid"])
 def test_dropless_equals_dense_computation_with_grads(dtype, gating):
     torch.manual_seed(4)
-    moe = make_moe(gating=gating, normalize_expert_weights=1.0 if gating == "sigmoid" else None,
-                   dtype=dtype)
+    moe = make_moe(gating=gating, normalize_expert_weights=1.0 if gating == "sigmoid" else None, dtype=dtype)
     x = torch.randn(2, 9, D, dtype=dtype, requires_grad=True)
     g = torch.randn(2, 9, D, dtype=dtype)
     moe.eval()  # no aux losses here
@@ -196,8 +197,10 @@ def test_aux_loss_values_by_hand():
     uniform = torch.full((8, 4), 0.25)
     assert load_balancing_loss(uniform, torch.tensor([4, 4, 4, 4]), top_k=2).item() == pytest.approx(1.0)
     logits = torch.tensor([[0.0, 0.0], [1.0, -1.0]])
-    lse = torch.tensor([torch.log(torch.tensor(2.0)), torch.log(torch.exp(torch.tensor(1.0)) + torch.exp(torch.tensor(-1.0)))])
-    torch.testing.assert_close(router_z_loss(logits), (lse ** 2).mean())
+    lse = torch.tensor(
+        [torch.log(torch.tensor(2.0)), torch.log(torch.exp(torch.tensor(1.0)) + torch.exp(torch.tensor(-1.0)))]
+    )
+    torch.testing.assert_close(router_z_loss(logits), (lse**2).mean())
 
 
 @pytest.mark.parametrize("gating", ["softmax", "sigmoid"])
@@ -247,7 +250,7 @@ def test_shared_expert_mixing(mixing):
 
 def test_seeded_init_is_deterministic_and_distinct_per_layer():
     a, b, c = make_moe(seed_key="blocks.0.moe"), make_moe(seed_key="blocks.0.moe"), make_moe(seed_key="blocks.1.moe")
-    for (n, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (n, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters(), strict=True):
         assert torch.equal(pa, pb), n
         assert not torch.equal(pa, pc), n
     w = a.experts.w1
@@ -272,6 +275,8 @@ def test_package_import_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, olmx_plugins.layers.moe as m; assert 'torch' not in sys.modules, 'torch imported'; "
-            "assert 'MoEBlockConfig' in m.__all__")
+    code = (
+        "import sys, olmx_plugins.layers.moe as m; assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert 'MoEBlockConfig' in m.__all__"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

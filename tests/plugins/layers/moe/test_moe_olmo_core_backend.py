@@ -16,9 +16,9 @@ from moe_testing import tiny_moe_model_config
 from olmo_core.nn.transformer import TransformerBlockType, TransformerType
 from typer.testing import CliRunner
 
+from olmx.api import Mesh, World
 from olmx.cli import app
 from olmx.errors import ConfigError
-from olmx.api import Mesh, World
 from olmx_plugins.layers.moe.modules import convert_model_state_dict
 from olmx_plugins.layers.moe.plugin import MOE, MoEConfig, choose_backend
 
@@ -44,7 +44,11 @@ def test_config_maps_onto_olmo_core_v1_with_equal_parameter_counts(reordered):
     assert block.feed_forward is None and block.feed_forward_moe.name == "dropless"
     router = block.feed_forward_moe.router
     assert (router.top_k, router.bias_gamma, router.normalize_expert_weights, router.gating_function) == (
-        2, 0.01, 1.0, "sigmoid")
+        2,
+        0.01,
+        1.0,
+        "sigmoid",
+    )
     assert block.feed_forward_moe.shared_mlp.hidden_size == 32 and block.feed_forward_moe.z_loss_weight == 0.001
     assert v1.num_params == portable.num_params and v1.num_active_params == portable.num_active_params
     a, b = portable.build(init_device="meta"), v1.build(init_device="meta")
@@ -92,9 +96,12 @@ DDP_EP = Mesh(dp_replicate=2, ep=2)
 def test_backend_choice():
     cfg = MoEConfig()
     assert choose_backend(cfg, DDP, CPU)[0] == "portable"
-    assert choose_backend(cfg, HSDP_EP, GPU) == ("portable", "auto: OLMo-core's MoE could run here but is opt-in "
-                                                             "(layers.moe.backend=olmo_core) until olmx has "
-                                                             "checked it on a GPU")
+    assert choose_backend(cfg, HSDP_EP, GPU) == (
+        "portable",
+        "auto: OLMo-core's MoE could run here but is opt-in "
+        "(layers.moe.backend=olmo_core) until olmx has "
+        "checked it on a GPU",
+    )
     backend, why = choose_backend(cfg, DDP_EP, GPU)
     assert backend == "portable" and "v2 stack (OLMoDDPModelConfig)" in why
     assert choose_backend(MoEConfig(shared_hidden_size=16), DDP, GPU)[0] == "portable"
@@ -136,9 +143,11 @@ def test_plan_shows_the_backend_and_refuses_olmo_core_on_cpu(tmp_path, monkeypat
     assert out.exit_code == 0 and "portable (auto: OLMo-core's MoE needs CUDA" in out.stdout
     result = CliRunner().invoke(app, ["train", "--dry-run", "layers=[moe]", "layers.moe.backend=olmo_core"])
     assert result.exit_code == 2
-    assert result.stderr.strip().startswith("error: layers.moe.backend: olmo_core cannot run here: OLMo-core's MoE "
-                                            "needs CUDA (its token permutation is Triton kernels) and this run's "
-                                            "device is cpu (cpu); use layers.moe.backend=portable or auto")
+    assert result.stderr.strip().startswith(
+        "error: layers.moe.backend: olmo_core cannot run here: OLMo-core's MoE "
+        "needs CUDA (its token permutation is Triton kernels) and this run's "
+        "device is cpu (cpu); use layers.moe.backend=portable or auto"
+    )
 
 
 @pytest.mark.gpu

@@ -10,9 +10,20 @@ from typer.testing import CliRunner
 from olmx.cli import app
 from tests.conftest import olmx_cli
 
-TINY_MOE = ["trainer.report=false", "layers=[moe]", "layers.moe.num_experts=4", "model.d_model=64", "model.n_layers=2",
-            "model.hidden_size=128", "data.seq_len=64", "trainer.global_batch_size=8", "trainer.micro_batch_size=4",
-            "trainer.max_steps=6", "trainer.warmup_steps=2", "trainer.save_interval=100"]
+TINY_MOE = [
+    "trainer.report=false",
+    "layers=[moe]",
+    "layers.moe.num_experts=4",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.hidden_size=128",
+    "data.seq_len=64",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=4",
+    "trainer.max_steps=6",
+    "trainer.warmup_steps=2",
+    "trainer.save_interval=100",
+]
 
 
 @pytest.mark.parametrize(
@@ -21,11 +32,21 @@ TINY_MOE = ["trainer.report=false", "layers=[moe]", "layers.moe.num_experts=4", 
         (["layers.moe.top_k=5"], "layers.moe.top_k", "5 must be between 1 and layers.moe.num_experts=4"),
         (["layers.moe.gating=relu"], "layers.moe.gating", "softmax, sigmoid"),
         (["layers.moe.blocks=[0,7]"], "layers.moe.blocks", "[7] outside [0, model.n_layers=2)"),
-        (["parallel=[ddp_ep]", "parallel.ddp_ep.degree=2", "layers.moe.num_experts=3", "layers.moe.top_k=1"],
-         "parallel.ddp_ep.degree", "2 must divide layers.moe.num_experts=3"),
-        (["parallel=[ddp_ep]", "parallel.ddp_ep.degree=4"], "parallel.ddp_ep.degree", "4 must divide the 2 data-parallel ranks"),
-        (["parallel=[hsdp]", "parallel.hsdp.expert_parallel=true", "layers.moe.num_experts=3", "layers.moe.top_k=1"],
-         "parallel.hsdp.expert_parallel", "2 must divide layers.moe.num_experts=3"),
+        (
+            ["parallel=[ddp_ep]", "parallel.ddp_ep.degree=2", "layers.moe.num_experts=3", "layers.moe.top_k=1"],
+            "parallel.ddp_ep.degree",
+            "2 must divide layers.moe.num_experts=3",
+        ),
+        (
+            ["parallel=[ddp_ep]", "parallel.ddp_ep.degree=4"],
+            "parallel.ddp_ep.degree",
+            "4 must divide the 2 data-parallel ranks",
+        ),
+        (
+            ["parallel=[hsdp]", "parallel.hsdp.expert_parallel=true", "layers.moe.num_experts=3", "layers.moe.top_k=1"],
+            "parallel.hsdp.expert_parallel",
+            "2 must divide layers.moe.num_experts=3",
+        ),
     ],
 )
 def test_moe_refusals(tmp_path, monkeypatch, args, field, text):

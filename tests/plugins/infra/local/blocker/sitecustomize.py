@@ -23,8 +23,9 @@ class _Blocker(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in _BLOCKED:
             frame = sys._getframe(1)
-            while frame is not None and (frame.f_code.co_filename.startswith("<frozen")
-                                         or frame.f_code.co_filename == __file__):
+            while frame is not None and (
+                frame.f_code.co_filename.startswith("<frozen") or frame.f_code.co_filename == __file__
+            ):
                 frame = frame.f_back
             _record("import", f"{name} from {frame.f_code.co_filename if frame else '?'}")
             raise ImportError(f"{name} is blocked by olmx's test (runs outside Beaker must not need it)")
