@@ -40,7 +40,7 @@ from olmo_core.distributed.utils import barrier, get_rank  # noqa: E402
 from olmo_core.nn.attention import AttentionBackendName  # noqa: E402
 from olmo_core.nn.feed_forward import FeedForwardConfig  # noqa: E402
 from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig  # noqa: E402
-from olmo_core.optim import AdamWConfig, CosWithWarmup  # noqa: E402
+from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride  # noqa: E402
 from olmo_core.train import (  # noqa: E402
     Duration,
     LoadStrategy,
@@ -140,7 +140,13 @@ def main() -> None:
         train_module = TransformerTrainModuleConfig(
             rank_microbatch_size=MICRO_SEQS * SEQ_LEN,
             max_sequence_length=SEQ_LEN,
-            optim=AdamWConfig(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1),
+            # no weight decay on the embeddings, as OLMo-core's OLMo 2/3 scripts (and olmx's default)
+            optim=AdamWConfig(
+                lr=3e-3,
+                betas=(0.9, 0.95),
+                weight_decay=0.1,
+                group_overrides=[OptimGroupOverride(params=["embeddings.weight"], opts={"weight_decay": 0.0})],
+            ),
             scheduler=CosWithWarmup(warmup=20),
             max_grad_norm=1.0,
             z_loss_multiplier=None,

@@ -423,6 +423,20 @@ class InfraPlugin(Plugin):
         a run. Default: True."""
         return True
 
+    def owns_run_dir(self, cfg: Any) -> bool:
+        """Whether the ``olmx train`` that launches with these settings owns the run directory:
+        takes its lock (one writer per run directory, :meth:`olmx.rundir.RunDir.acquire`),
+        claims it and records the launch. False for all but one launcher of a run that is
+        started by hand on several machines sharing the directory (they use it under the
+        owner's lock). Default: True."""
+        return True
+
+    def preflight(self, cfg: Any, plan: Plan) -> None:
+        """Checks that need this machine's state rather than the config (credentials, tools on
+        ``PATH``), run by ``olmx train`` after it printed the plan and before it takes the lock
+        or writes anything; not run by ``--dry-run``. Raise :class:`olmx.errors.ConfigError`
+        naming what is missing. Default: nothing."""
+
     def commands(self) -> Any:
         """A ``typer.Typer`` of ``olmx provision <name> ...`` sub-commands (loaded only when
         invoked), or None. An :class:`olmx.errors.OlmxError` they raise becomes one message."""

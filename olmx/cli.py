@@ -82,16 +82,100 @@ def train(
         out.print(infra.dry_run(plan.infra, plan), markup=False)
         return
     print_plan(plan)
+    from olmx.rundir import RunDir
+
+    rd = RunDir(plan.run_dir)
     if plan.resume_step is not None:
+        notes = check_resume(plan)  # before anything is written: a refusal leaves plan.yaml as it was
         out.print(f"[bold green]Resuming[/] from the checkpoint at step {plan.resume_step} in {plan.run_dir}")
-    plan.save()
+        for note in notes:
+            out.print(note, markup=False)
+    elif not run.trainer.resume and rd.has_checkpoints():
+        out.print(
+            f"trainer.resume=false: the checkpoints in {rd.checkpoints} are moved aside to "
+            f"{rd.path}/checkpoints.old-<time>/ when the run starts (nothing is deleted)",
+            markup=False,
+        )
+    infra.preflight(plan.infra, plan)
+    lock = rd.acquire() if infra.owns_run_dir(plan.infra) else None
     try:
-        rc = infra.launch(plan.infra, plan)
+        if lock is not None and lock.took_over is not None:
+            out.print(f"took over the run directory's lock from {lock.took_over.describe()}, which has ended")
+        rd.claim()
+        plan.save()
+        try:
+            rc = infra.launch(plan.infra, plan)
+        finally:
+            if run.trainer.report and infra.reports_here(plan.infra):
+                end_of_run_report(plan.run_dir)
     finally:
-        if run.trainer.report and infra.reports_here(plan.infra):
-            end_of_run_report(plan.run_dir)
+        if lock is not None:
+            lock.release()
     if rc:
         raise typer.Exit(rc)
+
+
+#: Sections of the config a checkpoint was trained with that must match to resume from it
+#: (the model's shape and the layers in it, the data and its order), and keys of them that may
+#: change (they do not change what is trained).
+RESUME_SECTIONS = ("model", "data", "layers")
+RESUME_FREE_KEYS = ("data.cache_dir", "data.num_workers")
+
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for every key of :data:`RESUME_SECTIONS` whose value differs between
+    two plain run configs (keys one side does not have are a schema change, not a difference;
+    a layer added or removed is one)."""
+
+    def flat(value: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(value, dict):
+            items: dict[str, Any] = {}
+            for k, v in value.items():
+                items.update(flat(v, f"{prefix}.{k}"))
+            return items
+        return {prefix: value}
+
+    out = []
+    for section in RESUME_SECTIONS:
+        old, cur = saved.get(section) or {}, new.get(section) or {}
+        if section == "layers" and set(old) != set(cur):
+            out.append(f"layers: [{','.join(old)}] -> [{','.join(cur)}]")
+            continue
+        a, b = flat(old, section), flat(cur, section)
+        for key in sorted(a.keys() & b.keys()):
+            if a[key] != b[key] and key not in RESUME_FREE_KEYS:
+                out.append(f"{key}: {a[key]!r} -> {b[key]!r}")
+    return out
+
+
+def check_resume(plan: Any) -> list[str]:
+    """Before resuming: :class:`ConfigError` (``trainer.resume``) when the saved plan's model,
+    layers or data differ from the new plan's (the checkpoint could not be loaded, or would be
+    trained on other data); lines to print about what does change (``trainer.max_steps``)."""
+    from olmx.errors import ConfigError
+    from olmx.plan.codec import run_to_data
+    from olmx.rundir import RunDir
+
+    saved = RunDir(plan.run_dir).saved_config()
+    if saved is None:
+        return []
+    differences = config_differences(saved, run_to_data(plan.run))
+    if differences:
+        raise ConfigError(
+            "trainer.resume",
+            f"the checkpoint at step {plan.resume_step} in {plan.run_dir} was trained with another config "
+            f"({'; '.join(differences)}). Resume with the same settings, start this directory over with "
+            f"trainer.resume=false (its checkpoints are moved aside, not deleted), or choose a new trainer.run_dir",
+        )
+    t = plan.run.trainer
+    old_max = (saved.get("trainer") or {}).get("max_steps")
+    if old_max is None or old_max == t.max_steps:
+        return []
+    return [
+        f"trainer.max_steps {old_max} -> {t.max_steps}: the learning-rate schedule ({t.schedule}, "
+        f"{t.warmup_steps} warm-up steps) is rebuilt for {t.max_steps} steps and continues at step "
+        f"{plan.resume_step + 1} where the new schedule is; the steps already trained are not replayed"
+    ]
 
 
 def end_of_run_report(run_dir: Path | str) -> None:
@@ -131,7 +215,10 @@ def run_plan(plan: Path = typer.Argument(..., help="plan.yaml written by olmx tr
     """Worker entry point: what each process launched for a run executes."""
     from olmx.worker.run import run_worker
 
-    run_worker(plan)
+    # A user mistake (a missing or invalid plan.yaml) is one line and exit 2; torchrun's
+    # ``record`` inside run_worker has already written it to the error file. Any other
+    # exception is a bug and keeps its traceback.
+    guarded(run_worker)(plan)
 
 
 @plugins_app.command("list")
@@ -256,13 +343,32 @@ def plugins_check(
 @app.command()
 @guarded
 def report(
-    run_dir: Path = typer.Argument(..., help="A run directory."),
-    compare: Optional[list[Path]] = typer.Option(None, "--compare", help="Other run directories to overlay."),
+    run_dirs: list[Path] = typer.Argument(
+        ..., help="A run directory; with --compare, then the run directories to overlay on it."
+    ),
+    compare: bool = typer.Option(
+        False,
+        "--compare",
+        help="Overlay the other run directories given (olmx report R --compare A B); written to "
+        "R/report/compare/ (or --out), R's own report stays.",
+    ),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write the report into this (new or empty) folder."),
 ) -> None:
-    """Summary table and PNG plots (loss, learning rate, throughput, memory) of a run."""
+    """Summary table and PNG plots (loss, learning rate, throughput, memory) of a run, or of
+    several overlaid (--compare)."""
+    from olmx.errors import ConfigError
     from olmx.report import write_report
 
-    write_report(run_dir, compare=list(compare or []), console=out)
+    first, others = run_dirs[0], list[str | Path](run_dirs[1:])
+    if others and not compare:
+        raise ConfigError(
+            "RUN_DIR",
+            f"{len(run_dirs)} run directories given: add --compare to overlay {', '.join(map(str, others))} on {first}",
+        )
+    if compare and not others:
+        raise ConfigError("--compare", "names no run directory to compare with: olmx report R --compare A [B ...]")
+    where = write_report(first, compare=others, console=out, out_dir=out_dir)
+    out.print(f"report written to {where}", markup=False)
 
 
 @jobs_app.command("status")

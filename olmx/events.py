@@ -5,7 +5,8 @@ line: every start of the worker group (``start``, with the torchrun ``attempt`` 
 resumed from), checkpoints found partial or corrupt at resume (``checkpoint_partial``,
 ``checkpoint_corrupt``), non-finite steps (``nonfinite``), how the processes ended (``end``,
 ``reason``: ``max_steps``, ``stop_at_step``, a signal name or ``nonfinite``, with the step whose
-checkpoint was saved), a ``trainer.resume=false`` start (``fresh``), and the rank failures the
+checkpoint was saved), a ``trainer.resume=false`` start (``fresh``, ``moved_to``: where the
+earlier checkpoints were moved aside, or null), and the rank failures the
 launcher read from torchrun (``rank_failed``). The launcher, ``olmx
 report`` and a requeueing batch script read it; nothing here imports torch.
 

@@ -6,7 +6,8 @@ crashed run): ``plan.yaml`` (config, world, batch), ``metrics.jsonl`` (per step)
 restarts and their causes, stops, non-finite steps, checkpoints found corrupt). Only the part
 of the history after the last ``trainer.resume=false`` start is reported.
 
-Written to ``RUN_DIR/report/``: ``loss.png``, ``lr.png``, ``throughput.png``, ``memory.png``
+Written to ``RUN_DIR/report/`` (a comparison to ``RUN_DIR/report/compare/``, or to ``--out
+DIR``, so the run's own report stays): ``loss.png``, ``lr.png``, ``throughput.png``, ``memory.png``
 (steps on the x axis; dotted lines where the run resumed, red dashes at non-finite steps, a red
 cross where a failed run ended) and
 ``summary.txt``. With ``--compare`` every plot overlays the other runs and the table has one
@@ -295,9 +296,40 @@ def plot(runs: list[RunData], out_dir: Path) -> list[Path]:
     return paths
 
 
-def write_report(run_dir: str | Path, *, compare: list[str | Path] | None = None, console: Any = None) -> Path:
-    """Print the summary table and write ``RUN_DIR/report/`` (plots and ``summary.txt``) for
-    ``run_dir``, overlaying ``compare``; returns the report folder."""
+#: Where ``--compare`` writes, inside the first run's ``report/`` (its own report stays).
+COMPARE_DIR = "compare"
+_REPORT_FILES = {f"{n}.png" for n in PLOTS} | {"summary.txt"}
+
+
+def report_dir(run_dir: str | Path, *, compare: bool = False, out_dir: str | Path | None = None) -> Path:
+    """Where a report goes: ``out_dir`` if given; else ``RUN_DIR/report/`` for the run alone and
+    ``RUN_DIR/report/compare/`` for a comparison (so that the run's own report is kept). An
+    ``out_dir`` that holds files other than a report's is refused (``--out``): olmx overwrites
+    only what it wrote."""
+    if out_dir is None:
+        base = Path(run_dir) / REPORT_DIR
+        return base / COMPARE_DIR if compare else base
+    path = Path(out_dir).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise ConfigError("--out", f"'{path}' exists and is not a folder")
+    others = sorted(p.name for p in path.iterdir() if p.name not in _REPORT_FILES) if path.is_dir() else []
+    if others:
+        raise ConfigError(
+            "--out", f"'{path}' holds files that are not an olmx report ({', '.join(others[:5])}); name a new folder"
+        )
+    return path
+
+
+def write_report(
+    run_dir: str | Path,
+    *,
+    compare: list[str | Path] | None = None,
+    console: Any = None,
+    out_dir: str | Path | None = None,
+) -> Path:
+    """Print the summary table and write the plots and ``summary.txt`` of ``run_dir``,
+    overlaying the runs in ``compare``, into :func:`report_dir` (``RUN_DIR/report/``, or
+    ``RUN_DIR/report/compare/`` for a comparison, or ``out_dir``); returns that folder."""
     from rich.console import Console
     from rich.table import Table
 
@@ -307,8 +339,8 @@ def write_report(run_dir: str | Path, *, compare: list[str | Path] | None = None
             r.label = str(r.path)
     for r in runs:
         r.rows = summarize(r)
-    out_dir = runs[0].path / REPORT_DIR
-    out_dir.mkdir(exist_ok=True)
+    out_dir = report_dir(runs[0].path, compare=len(runs) > 1, out_dir=out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     plot(runs, out_dir)
 
     table = Table(title=f"olmx report: {runs[0].path}", show_header=len(runs) > 1, title_justify="left")

@@ -12,8 +12,29 @@
       logs/            node logs (nodeR.log) and torchrun's per-rank logs (logs/torchrun/)
       work/            OLMo-core's work files (dataset and loader indices, fault records)
       report/          ``olmx report``'s tables and plots
+      .olmx-run        the marker: olmx created or claimed this folder (olmx writes and
+                       removes files only in folders that carry it)
+      .olmx-lock       held by the one ``olmx train`` that writes the run now (host, pid, start)
 
 Torch-free and cheap to import: launchers, the worker and the report all use it.
+
+**One writer per run directory.** ``olmx train`` takes :meth:`RunDir.acquire` before it
+writes anything (``plan.yaml`` included) and releases it when the launch returns. The lock is a
+file created with ``O_CREAT | O_EXCL``, which is atomic on local file systems and on the shared
+ones multi-node runs use (NFSv3 and later, Lustre, GPFS, BeeGFS, CephFS); it holds the
+holder's host, pid, process start time, boot id and pid namespace, and a token that the
+launcher puts into the environment of everything it starts (:data:`LOCK_ENV`). A lock is
+*stale* only when it was taken on this host (same host name, boot and pid namespace), its
+launcher is gone (or its pid now belongs to another process) and no process of this host
+carries its token (torchrun and workers still saving a checkpoint keep it held). A stale lock
+is taken over under a second ``O_EXCL`` file (``.olmx-lock.takeover``), so of two launchers
+that find the same stale lock only one takes it. A lock taken on another host cannot be
+probed from here: olmx refuses and says how to remove it.
+
+On Slurm and RunPod the batch job or the pod is what trains, and it outlives its launcher by
+design: the lock is held while ``olmx train`` submits and follows the run; a detached Slurm job
+(``infra.detach=true``) is not covered by it once ``olmx train`` has returned (``launch.json``
+and ``olmx jobs status|cancel RUN_DIR`` reach it).
 """
 
 from __future__ import annotations
@@ -21,10 +42,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from olmx.errors import LaunchError
+from olmx.errors import ConfigError, LaunchError
 
 PLAN_FILE = "plan.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -35,6 +61,15 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 WORK = "work"
 REPORT = "report"
+MARKER_FILE = ".olmx-run"
+LOCK_FILE = ".olmx-lock"
+#: Environment variable carrying the run-directory lock's token into every process a launcher
+#: starts (torchrun, its workers): while one of them lives, the lock is held.
+LOCK_ENV = "OLMX_RUN_LOCK"
+#: Prefix of the folders ``trainer.resume=false`` moves earlier checkpoints into.
+OLD_CHECKPOINTS = "checkpoints.old-"
+#: Files olmx itself writes into a folder before it carries the marker.
+_OWN_FILES = {LOCK_FILE, LOCK_FILE + ".takeover"}
 
 
 class RunDir:
@@ -119,6 +154,360 @@ class RunDir:
             return json.loads(path.read_text())
         except FileNotFoundError:
             raise LaunchError(f"{path} does not exist: this run was not launched on {infra}") from None
+
+    # -- ownership: the marker -----------------------------------------------------------------
+
+    @property
+    def marker(self) -> Path:
+        """``.olmx-run``: olmx created or claimed this folder."""
+        return self.path / MARKER_FILE
+
+    def is_olmx(self) -> bool:
+        """Whether the folder is olmx's: it has the marker, or it is a run directory of an olmx
+        from before the marker (a ``plan.yaml`` that olmx wrote)."""
+        if self.marker.is_file():
+            return True
+        try:
+            return "olmx_version:" in self.plan.read_text(errors="replace")
+        except OSError:
+            return False
+
+    def check_claimable(self, field: str = "trainer.run_dir") -> None:
+        """:class:`ConfigError` when the folder exists, is not empty and is not olmx's: olmx
+        would write (and, on ``trainer.resume=false``, move) files in a folder that is not its own."""
+        try:
+            entries = [p.name for p in self.path.iterdir()]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            raise ConfigError(field, f"cannot read '{self.path}' ({exc.strerror})") from None
+        if not set(entries) - _OWN_FILES or self.is_olmx():
+            return
+        shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
+        raise ConfigError(
+            field,
+            f"'{self.path}' is a non-empty folder that olmx did not create (it holds {shown} and no "
+            f"{MARKER_FILE} marker); olmx writes plan.yaml, metrics.jsonl and checkpoints/ into its run "
+            f"directory: choose a new or empty folder (if it is a run directory of yours, create the "
+            f"marker: touch {self.marker})",
+        )
+
+    def claim(self) -> None:
+        """Write the marker (once): from now on the folder is olmx's run directory."""
+        if self.marker.is_file():
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        record = {"created_by": "olmx", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname()}
+        self.marker.write_text(json.dumps(record) + "\n")
+
+    # -- fresh starts --------------------------------------------------------------------------
+
+    def has_checkpoints(self) -> bool:
+        """Whether ``checkpoints/`` holds anything."""
+        try:
+            return any(self.checkpoints.iterdir())
+        except OSError:
+            return False
+
+    def move_checkpoints_aside(self, *, now: float | None = None) -> Path | None:
+        """``trainer.resume=false``: rename ``checkpoints/`` to ``checkpoints.old-<time>/`` (one
+        rename: nothing is copied or deleted); returns where, None when there was nothing."""
+        if not self.has_checkpoints():
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+        dest = self.path / f"{OLD_CHECKPOINTS}{stamp}"
+        n = 1
+        while dest.exists():
+            dest = self.path / f"{OLD_CHECKPOINTS}{stamp}-{n}"
+            n += 1
+        self.checkpoints.rename(dest)
+        return dest
+
+    def saved_config(self) -> dict[str, Any] | None:
+        """The ``config`` section of the saved ``plan.yaml`` as plain data (None: no readable plan)."""
+        import yaml
+
+        try:
+            data = yaml.safe_load(self.plan.read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        config = data.get("config") if isinstance(data, dict) else None
+        return config if isinstance(config, dict) else None
+
+    # -- one writer: the lock ------------------------------------------------------------------
+
+    @property
+    def lock_file(self) -> Path:
+        """``.olmx-lock``."""
+        return self.path / LOCK_FILE
+
+    def lock_holder(self) -> Holder | None:
+        """Who holds the lock now (None: nobody, or a lock being written this instant)."""
+        return _read_holder(self.lock_file)
+
+    def acquire(self, *, field: str = "trainer.run_dir", command: str = "olmx train") -> RunLock:
+        """Take the run directory's lock (creating the folder), or raise :class:`ConfigError`
+        naming the holder. A stale lock (see the module documentation) is taken over; the
+        returned lock says whose (:attr:`RunLock.took_over`). Puts the token into
+        ``os.environ[LOCK_ENV]``, so that every process started from here holds the lock too."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        me = Holder.current(command)
+        took_over: Holder | None = None
+        for _ in range(5):
+            if _create_exclusive(self.lock_file, me):
+                os.environ[LOCK_ENV] = me.token
+                return RunLock(self.lock_file, me, took_over)
+            held = self._wait_readable()
+            if held is None:  # vanished: its holder released it; try again
+                continue
+            state = held.state()
+            if state == "alive":
+                who = held.describe()
+                if not process_alive(held.pid, held.pid_start):
+                    pids = ", ".join(map(str, processes_with_env(LOCK_ENV, held.token)))
+                    who += f", which is gone; processes it started still run (pids {pids}: stopping after a checkpoint)"
+                raise ConfigError(field, f"'{self.path}' is in use by {who}. {_busy_hint(self.path)}")
+            if state == "unknown":
+                raise ConfigError(
+                    field,
+                    f"'{self.path}' is locked by {held.describe()}, on another host (olmx cannot see its "
+                    f"processes from {me.host}). If no olmx train of this run is running there, remove "
+                    f"{self.lock_file} and run again",
+                )
+            self._take_over(held, me, field)
+            took_over = held
+        raise ConfigError(field, f"'{self.path}': could not take {self.lock_file}; other launchers keep taking it")
+
+    def _wait_readable(self, timeout: float = 2.0) -> Holder | None:
+        """The holder of an existing lock file; a file being written is waited for, one left
+        empty or torn (its writer died at once) counts as a holder that is gone."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                text = self.lock_file.read_text()
+            except FileNotFoundError:
+                return None
+            holder = _parse_holder(text)
+            if holder is not None:
+                return holder
+            if time.monotonic() > deadline:
+                return Holder(host="?", pid=0, started="?", token=f"torn-{text!r}", command="(unreadable lock)")
+            time.sleep(0.05)
+
+    def _take_over(self, stale: Holder, me: Holder, field: str) -> None:
+        """Remove ``stale``'s lock, holding ``.olmx-lock.takeover`` meanwhile (O_EXCL too): of
+        launchers that found the same stale lock, one removes it and creates its own; the others
+        then find that one's lock alive."""
+        mutex = self.path / (LOCK_FILE + ".takeover")
+        if not _create_exclusive(mutex, me):
+            other = _read_holder(mutex)
+            try:
+                old = time.time() - mutex.stat().st_mtime > 60
+            except FileNotFoundError:
+                return  # just released: look again
+            if old or (other is not None and other.state() == "dead"):  # its taker died in the middle
+                mutex.unlink(missing_ok=True)
+                return
+            if other is None:  # being written this instant
+                time.sleep(0.1)
+                return
+            raise ConfigError(
+                field, f"'{self.path}' is being taken over by {other.describe()}. {_busy_hint(self.path)}"
+            )
+        try:
+            current = _read_holder(self.lock_file)
+            if current is None or current.token == stale.token:
+                self.lock_file.unlink(missing_ok=True)
+        finally:
+            mutex.unlink(missing_ok=True)
+
+
+def _create_exclusive(path: Path, holder: Holder) -> bool:
+    """Create ``path`` with ``O_CREAT | O_EXCL`` holding ``holder``; False if it exists."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(asdict(holder)) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def _busy_hint(path: Path) -> str:
+    return (
+        f"Wait for it to end, follow it (olmx jobs status {path}) or stop it (olmx jobs cancel {path}); "
+        f"a second writer would interleave metrics.jsonl and overwrite the same checkpoints"
+    )
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/PID/stat`` after the command name (state is [0], start time [19])."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of process ``pid`` in clock ticks after boot (None: unknown), which tells a
+    reused pid apart from the process recorded with it."""
+    fields = _proc_stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def process_alive(pid: int, start: int | None = None) -> bool:
+    """Whether process ``pid`` of this host runs (not a zombie) and, when ``start`` (its start
+    time in clock ticks after boot, ``/proc/PID/stat``) is given, is still the same process."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, as another user
+    fields = _proc_stat(pid)
+    if fields is None:
+        return sys.platform != "linux"  # no /proc: trust kill(pid, 0)
+    if fields[0] in ("Z", "X"):
+        return False
+    return start is None or int(fields[19]) == start
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Pids of this host's processes (readable by this user) whose environment has ``name=value``."""
+    want = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if want in env.split(b"\0") and process_alive(pid):
+            found.append(pid)
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or held) a run directory's lock: what ``.olmx-lock`` records."""
+
+    #: Host name of the launcher.
+    host: str
+    #: Its pid there.
+    pid: int
+    #: When it took the lock (local time, ISO 8601).
+    started: str
+    #: Random token, also in :data:`LOCK_ENV` of every process the launcher started.
+    token: str
+    #: The command that took it.
+    command: str = "olmx train"
+    #: The launcher's start time in clock ticks after boot (tells a reused pid apart).
+    pid_start: int | None = None
+    #: The host's boot id (a lock from before a reboot is stale).
+    boot_id: str | None = None
+    #: The launcher's pid namespace (a container with the same host name is another host).
+    pid_ns: str | None = None
+
+    @classmethod
+    def current(cls, command: str = "olmx train") -> Holder:
+        """This process."""
+        return cls(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            token=uuid.uuid4().hex,
+            command=command,
+            pid_start=process_start(os.getpid()),
+            boot_id=_boot_id(),
+            pid_ns=_pid_namespace(),
+        )
+
+    def describe(self) -> str:
+        """'olmx train (pid 123 on host h, started 2026-12-01T19:50:01+0000)'."""
+        return f"{self.command} (pid {self.pid} on host {self.host}, started {self.started})"
+
+    def on_this_host(self) -> bool:
+        """Same host name and pid namespace (where they are known)."""
+        if self.host != socket.gethostname():
+            return False
+        ns = _pid_namespace()
+        return self.pid_ns is None or ns is None or self.pid_ns == ns
+
+    def state(self) -> str:
+        """``alive`` (the launcher or a process it started runs), ``dead`` (none does), or
+        ``unknown`` (another host: its processes cannot be seen from here)."""
+        if self.host == "?":  # an unreadable lock: its writer died before it wrote it
+            return "dead"
+        if not self.on_this_host():
+            return "unknown"
+        boot = _boot_id()
+        if self.boot_id and boot and self.boot_id != boot:
+            return "dead"  # the host restarted since
+        if process_alive(self.pid, self.pid_start) or processes_with_env(LOCK_ENV, self.token):
+            return "alive"
+        return "dead"
+
+
+def _parse_holder(text: str) -> Holder | None:
+    try:
+        data = json.loads(text)
+        return Holder(**data)
+    except (ValueError, TypeError):
+        return None
+
+
+def _read_holder(path: Path) -> Holder | None:
+    try:
+        return _parse_holder(path.read_text())
+    except OSError:
+        return None
+
+
+@dataclass
+class RunLock:
+    """A held run-directory lock (:meth:`RunDir.acquire`); release it when the launch ends."""
+
+    path: Path
+    holder: Holder
+    #: The holder of the stale lock this one replaced, if any.
+    took_over: Holder | None = None
+
+    def release(self) -> None:
+        """Remove the lock if it is still this one's (idempotent)."""
+        current = _read_holder(self.path)
+        if current is not None and current.token == self.holder.token:
+            self.path.unlink(missing_ok=True)
+        if os.environ.get(LOCK_ENV) == self.holder.token:
+            del os.environ[LOCK_ENV]
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def tail(path: str | os.PathLike[str], lines: int = 30) -> str:

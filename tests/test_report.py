@@ -110,7 +110,7 @@ def test_compare_overlays_runs_and_mfu_uses_the_device_peak(runs, tmp_path):
     from rich.console import Console
 
     out_dir = write_report(finished, compare=[crashed], console=Console(file=console_out, width=200))
-    assert out_dir == finished / "report"
+    assert out_dir == finished / "report" / "compare"  # the run's own report/ stays as it was
     text = (out_dir / "summary.txt").read_text()
     assert "finished" in text and "crashed" in text
     assert png_size(out_dir / "loss.png") == (800, 450)

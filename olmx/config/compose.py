@@ -64,6 +64,7 @@ def compose(overrides: list[str], reg: Registry) -> Any:
     register_plugin_options(reg)
     GlobalHydra.instance().clear()
     try:
+        _reject_duplicate_selections(overrides)
         with initialize_config_dir(str(conf_dir()), version_base="1.3", job_name="olmx"), warnings.catch_warnings():
             # A plugin's YAML preset named like the plugin extends its ConfigStore option;
             # Hydra 1.3 warns about that merge, which is exactly what olmx intends.
@@ -89,6 +90,30 @@ def _reject_hydra_flags(overrides: list[str]) -> None:
                 key,
                 f"'{value}' looks like a sweep; olmx runs one configuration at a time "
                 "(for a list value write key=[a,b])",
+            )
+
+
+def _reject_duplicate_selections(overrides: list[str]) -> None:
+    """A plugin listed twice in a list-selected group (``parallel=[a,a]``, ``layers=[b,b]``):
+    Hydra's defaults list would silently keep one, so it is refused here, naming it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups = {CONFIG_GROUPS[kind] for kind in NESTED_KINDS}
+    selecting = [o for o in overrides if o.lstrip("+~").partition("=")[0].partition("@")[0].strip() in groups]
+    if not selecting:
+        return
+    for override in OverridesParser.create().parse_overrides(selecting):
+        value = override.value() if not override.is_delete() else None
+        if override.key_or_group not in groups or not isinstance(value, list):
+            continue
+        names = [str(v) for v in value]
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            group = override.key_or_group
+            raise ConfigError(
+                group,
+                f"'{twice}' is listed twice in {override.input_line}; list each plugin once "
+                f"({group}=[{','.join(dict.fromkeys(names))}])",
             )
 
 

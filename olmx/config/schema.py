@@ -39,8 +39,10 @@ class ModelConfig:
     #: Sliding-window pattern cycled over layers (-1 = full attention), as in OLMo 3;
     #: the last layer always attends fully. null disables sliding windows.
     sliding_window: Optional[list[int]] = None
-    #: Attention kernel: ``auto`` (flash-attn 2 on CUDA where installed, else torch SDPA),
-    #: ``torch``, ``flash_2``, ``flash_3``, ``te``.
+    #: Attention kernel: ``auto`` (with 16-bit compute on CUDA: flash-attn 3 on SM90+ where
+    #: installed, else flash-attn 2 where installed, else torch SDPA; torch SDPA otherwise),
+    #: ``torch``, ``flash_2``, ``flash_3`` (flash-attn takes only 16-bit inputs: refused with
+    #: float32 compute), ``te`` (TransformerEngine).
     attn_backend: str = "auto"
     #: Standard deviation of the normal initialisation.
     init_std: float = 0.02
@@ -54,8 +56,10 @@ class TokenizerConfig:
     #: tokenizer that produced pre-tokenized data (e.g. ``dolma2``).
     name: str = "bytes"
     #: Number of token ids the tokenizer produces (the model pads it to a multiple of 128).
+    #: It also chooses the dtype OLMo-core reads raw token files in: the smallest of uint8,
+    #: uint16, uint32, uint64 that holds ``vocab_size - 1`` (byte-level data: 257-65,536).
     vocab_size: int = 258
-    #: End-of-document id.
+    #: End-of-document id (byte-level data: >= 256, ids 0-255 are bytes).
     eos_id: int = 256
     #: Padding id.
     pad_id: int = 257
@@ -73,14 +77,21 @@ class DataConfig:
     #: ``stdlib`` (the ``.py`` files of the running Python's standard library), ``text``
     #: (your text files in ``paths``) or ``numpy`` (pre-tokenized OLMo-core token files).
     name: str = "stdlib"
-    #: Input files (``text``: UTF-8 text files or globs; ``numpy``: raw token arrays).
+    #: Input files or globs, each matched file read in the given order (a directory is refused:
+    #: name its files, ``dir/*.npy``). ``text``: text files, tokenized byte-level. ``numpy``:
+    #: OLMo-core token files: raw arrays of ids in the dtype ``data.tokenizer.vocab_size``
+    #: chooses, or ``.npy`` files written by ``np.save`` (any integer dtype, C order), read
+    #: through their header and copied once as raw ids into ``cache_dir``. The plan checks the
+    #: sizes, headers and a sample of ids of every file, and that they hold one optimizer step.
     paths: list[str] = field(default_factory=list)
-    #: Tokens per training sequence.
+    #: Tokens per training sequence (at most 1,048,576). OLMo-core cuts each token file into
+    #: whole sequences; one optimizer step takes ``trainer.global_batch_size`` of them.
     seq_len: int = 256
     #: Token id facts.
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    #: Where tokenized caches of ``stdlib``/``text`` are written once and reused
-    #: (default: ``$OLMX_CACHE_DIR`` or ``~/.cache/olmx``).
+    #: Where tokenized caches of ``stdlib``/``text`` and raw copies of ``np.save``'d ``numpy``
+    #: files are written once and reused (default: ``$OLMX_CACHE_DIR`` or ``~/.cache/olmx``);
+    #: it must be writable, checked at plan time.
     cache_dir: Optional[str] = None
     #: Data-loader worker processes per rank.
     num_workers: int = 0
@@ -106,6 +117,9 @@ class TrainerConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     #: Decoupled weight decay.
     weight_decay: float = 0.1
+    #: Apply the weight decay to the input embeddings too; false (the default) exempts them, as
+    #: OLMo-core's OLMo 2/3 training scripts do.
+    decay_embeddings: bool = False
     #: Linear warm-up steps.
     warmup_steps: int = 20
     #: Learning-rate schedule after warm-up: ``cosine`` (to 10% of the peak), ``linear``
@@ -126,13 +140,16 @@ class TrainerConfig:
     resume: bool = True
     #: Steps between checkpoints (a final checkpoint is always written).
     save_interval: int = 100
-    #: Steps between metric records (loss, throughput) in ``metrics.jsonl``.
-    log_interval: int = 1
+    #: Steps between metric records (loss, throughput) in ``metrics.jsonl``; collecting them
+    #: syncs the host with the device. null: 10 on CUDA (as OLMo-core's own training scripts:
+    #: 10-50), every step on CPUs.
+    log_interval: Optional[int] = None
     #: Activation checkpointing: ``full`` (OLMo-core: every block), ``long_context`` (olmx:
     #: keep attention outputs, recompute feed-forward and norms), or null for none.
     activation_checkpointing: Optional[str] = None
-    #: ``torch.compile`` the blocks (CUDA only; ignored with a note on CPU).
-    compile: bool = False
+    #: ``torch.compile`` the blocks: ``auto`` (on with CUDA, as OLMo-core's training scripts;
+    #: off on CPUs, where inductor compiles slowly for little gain), ``true`` or ``false``.
+    compile: str = "auto"
     #: What a non-finite (NaN/inf) loss or gradient does: ``stop`` saves a checkpoint of the
     #: last good parameters and stops (``olmx train`` exits with 76); ``skip`` skips that
     #: optimizer step, counts it in the summary and trains on.

@@ -3,8 +3,11 @@ templates."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,12 +36,18 @@ class TorchrunConfig:
 
 
 def torchrun_env(cfg: TorchrunConfig) -> dict[str, str]:
-    """Environment of a torchrun olmx starts. With restarts, a fresh rendezvous store for every
-    attempt: torchrun's shared agent store keeps the previous attempt's process-group
-    addresses, and a restarted gloo group that reads one before its peer overwrote it fails
-    with "connectFullMesh ... Connection refused". (Without restarts the shared store stays:
-    it keeps the workers' store on the rendezvous port, which multi-node clusters open.)"""
-    env = {"PYTHONUNBUFFERED": "1"}
+    """Environment of a torchrun olmx starts (on every infra target).
+
+    ``PYTHONSAFEPATH=1``: torchrun and its workers (``python -m olmx run``) do not put the
+    working directory first on the import path, so they import the installed olmx even when
+    started from a folder that holds a directory named ``olmx/`` (Python 3.11+).
+
+    With restarts, a fresh rendezvous store for every attempt: torchrun's shared agent store
+    keeps the previous attempt's process-group addresses, and a restarted gloo group that reads
+    one before its peer overwrote it fails with "connectFullMesh ... Connection refused".
+    (Without restarts the shared store stays: it keeps the workers' store on the rendezvous
+    port, which multi-node clusters open.)"""
+    env = {"PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1"}
     if cfg.max_restarts > 0:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
@@ -55,6 +64,29 @@ def torchrun_flags(cfg: TorchrunConfig, run_dir: str | Path) -> list[str]:
         "--tee=3",
         f"--shutdown-timeout={cfg.stop_timeout}",
     ]
+
+
+def parent_death_preexec(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for :class:`subprocess.Popen` (call it in the main thread): the child
+    gets ``signum`` when this process dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``); if
+    this process is already gone when the child starts, at once. For torchrun that means: it
+    passes the stop to its workers, which finish their step, save a checkpoint and exit.
+    None where the platform has no such call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    from olmx.stop import PR_SET_PDEATHSIG
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signum)
+
+    return preexec
 
 
 def worker_command(plan_path: str | Path, *, python: str | None = None) -> list[str]:

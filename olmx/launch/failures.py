@@ -87,6 +87,79 @@ def _error(rank_dir: Path) -> str | None:
     return " ".join(str(message).split())[:500]
 
 
+#: The first line of a Python traceback.
+TRACEBACK = "Traceback (most recent call last):"
+#: Bytes of a log read from its end to look for the exception in.
+_SCAN_BYTES = 1 << 20
+
+
+def exception_excerpt(text: str, lines: int = 30) -> str | None:
+    """The last Python traceback in ``text`` (with the tracebacks it is chained to), ending at
+    its exception line; None if there is none. Lines of other processes interleaved with it
+    (without the traceback's prefix, such as torchrun's ``[rank1]:``) are left out; a long one
+    keeps its first and last lines, ``lines`` in all."""
+    all_lines = text.splitlines()
+    starts = [i for i, line in enumerate(all_lines) if TRACEBACK in line]
+    if not starts:
+        return None
+    first = last = starts[-1]
+    prefix = all_lines[last][: all_lines[last].index(TRACEBACK)]
+    for earlier in reversed(starts[:-1]):  # "During handling of the above exception ...", "... direct cause ..."
+        between = " ".join(all_lines[earlier:first])
+        if all_lines[earlier].startswith(prefix) and ("above exception" in between):
+            first = earlier
+        else:
+            break
+    block = [all_lines[first]]
+    for i in range(first + 1, len(all_lines)):
+        line = all_lines[i]
+        if not line.startswith(prefix):
+            continue  # another process's output, interleaved
+        block.append(line)
+        body = line[len(prefix) :]
+        if i > last and body and not body[0].isspace():
+            break  # the exception line of the last traceback
+    if len(block) > lines:
+        head = max(1, lines // 3)
+        block = block[:head] + ["  ..."] + block[len(block) - (lines - head - 1) :]
+    return "\n".join(block)
+
+
+def _read_end(path: Path, since: int = 0) -> str:
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(since, size - _SCAN_BYTES))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def log_excerpt(path: str | Path, *, since: int = 0, lines: int = 30) -> str:
+    """What to quote of a log (from byte ``since`` on) when a run failed: its last traceback,
+    else its last ``lines`` lines."""
+    text = _read_end(Path(path), since)
+    found = exception_excerpt(text, lines)
+    if found is not None:
+        return found
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def rank_excerpt(rank_dir: Path, lines: int = 30) -> tuple[Path, str]:
+    """The log of a rank that holds its exception (``stderr.log`` or ``stdout.log``, whichever
+    has a traceback) and the lines to quote from it; without a traceback, the end of
+    ``stderr.log`` (or of ``stdout.log`` when that is empty)."""
+    for name in ("stderr.log", "stdout.log"):
+        found = exception_excerpt(_read_end(rank_dir / name), lines)
+        if found is not None:
+            return rank_dir / name, found
+    for name in ("stderr.log", "stdout.log"):
+        tail = read_tail(rank_dir / name, lines)
+        if tail:
+            return rank_dir / name, tail
+    return rank_dir / "stderr.log", ""
+
+
 def latest_torchrun_dir(log_root: Path, *, since: float = 0.0) -> Path | None:
     """The newest torchrun run folder under ``log_root`` created at or after ``since``."""
     if not log_root.is_dir():
@@ -121,7 +194,7 @@ def attempt_failures(console: str, run_dir: Path | None, *, node_rank: int = 0, 
         log = rank_dir / "stderr.log" if rank_dir else None
         tail = ""
         if rank_dir:
-            tail = read_tail(rank_dir / "stderr.log", lines) or read_tail(rank_dir / "stdout.log", lines)
+            log, tail = rank_excerpt(rank_dir, lines)
         out.append(
             RankFailure(
                 attempt=attempt,
@@ -134,3 +207,45 @@ def attempt_failures(console: str, run_dir: Path | None, *, node_rank: int = 0, 
             )
         )
     return out
+
+
+class FailureRecorder:
+    """Records every failed attempt of one torchrun launch in ``events.jsonl`` (``rank_failed``)
+    as soon as torchrun reports it in the node log, not only when the launch ends: the cause of
+    an elastic restart is kept even if the launcher is killed later. Call :meth:`poll` while
+    following the launch and once when it has ended."""
+
+    def __init__(
+        self, run_dir: str | Path, log_path: Path, *, offset: int, since: float, node_rank: int, launch: str
+    ) -> None:
+        self.run_dir, self.log_path = Path(run_dir), log_path
+        self.pos, self.since, self.node_rank, self.launch = offset, since, node_rank, launch
+        self.failed_lines = ""  # torchrun's "failed (exitcode ...)" lines of this launch
+        self.failures: list[RankFailure] = []
+
+    def poll(self) -> list[RankFailure]:
+        """Read what the log gained, record new failures; all of this launch's failures so far."""
+        from olmx.events import append_event
+        from olmx.rundir import RunDir
+
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+        except OSError:
+            return self.failures
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.pos += len(complete)
+        found = [line for line in complete.decode(errors="replace").splitlines() if FAILED_LINE.search(line)]
+        if not found:
+            return self.failures
+        self.failed_lines += "".join(f"{line}\n" for line in found)
+        failures = attempt_failures(
+            self.failed_lines,
+            latest_torchrun_dir(RunDir(self.run_dir).torchrun_logs, since=self.since),
+            node_rank=self.node_rank,
+        )
+        for failure in failures[len(self.failures) :]:
+            append_event(self.run_dir, "rank_failed", launch=self.launch, **failure.as_event())
+        self.failures = failures
+        return failures

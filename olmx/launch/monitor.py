@@ -1,5 +1,6 @@
 """Following a run from the launching terminal: a progress bar drawn from the run's
-``metrics.jsonl`` and the log tail when it fails (the end-of-run report is olmx.report)."""
+``metrics.jsonl`` (plain lines when the output is not a terminal) and the exception from the log
+when it fails (the end-of-run report is olmx.report)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,43 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from olmx.errors import RunFailed
 from olmx.plan import Plan
-from olmx.rundir import RunDir, tail
+from olmx.rundir import RunDir
+
+#: Without a terminal (output to a file or a pipe: nohup, CI, a batch log), a plain progress
+#: line is printed every this many seconds (when a step finished since the last line) ...
+PLAIN_EVERY_S = 30.0
+#: ... and every ``max_steps // PLAIN_LINES`` steps, so a run prints about this many lines.
+PLAIN_LINES = 20
 
 
 def follow(
-    plan: Plan, poll: Callable[[], int | None], *, log_path: Path, console: Console, interval: float = 0.5
+    plan: Plan,
+    poll: Callable[[], int | None],
+    *,
+    log_path: Path,
+    console: Console,
+    interval: float = 0.5,
+    every_s: float = PLAIN_EVERY_S,
+    every_steps: int | None = None,
 ) -> int:
-    """Draw progress until ``poll()`` returns an exit code; raise RunFailed on failure."""
+    """Show progress until ``poll()`` returns an exit code; raise RunFailed on failure. In a
+    terminal: a progress bar. Otherwise: a plain line (:func:`format_progress`) every
+    ``every_steps`` steps (default ``max_steps // PLAIN_LINES``, at least 1) or ``every_s``
+    seconds, whichever comes first, and one for the last step seen."""
     metrics = RunDir(plan.run_dir).metrics
     total = plan.run.trainer.max_steps
+    if console.is_terminal:
+        rc = _follow_bar(plan, poll, metrics, console, interval)
+    else:
+        rc = _follow_plain(plan, poll, metrics, console, interval, every_s, every_steps or max(1, total // PLAIN_LINES))
+    if rc != 0:
+        from olmx.launch.failures import log_excerpt
+
+        raise RunFailed(f"training failed with exit code {rc}; from {log_path}:\n{log_excerpt(log_path)}", rc)
+    return rc
+
+
+def _follow_bar(plan: Plan, poll: Callable[[], int | None], metrics: Path, console: Console, interval: float) -> int:
     progress = Progress(
         TextColumn("[bold]step"),
         MofNCompleteColumn(),
@@ -38,37 +67,88 @@ def follow(
     )
     offset = 0
     with progress:
-        task = progress.add_task("train", total=total, completed=plan.resume_step or 0, loss="-", tps="-")
+        task = progress.add_task(
+            "train", total=plan.run.trainer.max_steps, completed=plan.resume_step or 0, loss="-", tps="-"
+        )
         while True:
             rc = poll()
-            offset = _advance(progress, task, metrics, offset)
+            records, offset = _new_records(metrics, offset)
+            for r in records:
+                fields: dict[str, Any] = {}
+                if r.get("loss") is not None:
+                    fields["loss"] = f"{r['loss']:.3f}"
+                if r.get("tokens_per_s"):
+                    fields["tps"] = f"{r['tokens_per_s']:,.0f}"
+                progress.update(task, completed=r["step"], **fields)
             if rc is not None:
-                break
+                return rc
             time.sleep(interval)
-    if rc != 0:
-        raise RunFailed(f"training failed with exit code {rc}; last lines of {log_path}:\n{tail(log_path)}", rc)
-    return rc
 
 
-def _advance(progress: Progress, task: int, metrics: Path, offset: int) -> int:
+def _follow_plain(
+    plan: Plan,
+    poll: Callable[[], int | None],
+    metrics: Path,
+    console: Console,
+    interval: float,
+    every_s: float,
+    every_steps: int,
+) -> int:
+    total = plan.run.trainer.max_steps
+    offset, last, shown = 0, None, plan.resume_step or 0
+    first: tuple[float, int] | None = None  # (time, step) of the first record seen
+    printed_at = time.monotonic()
+    while True:
+        rc = poll()
+        records, offset = _new_records(metrics, offset)
+        for r in records:
+            if first is None:
+                first = (time.monotonic(), r["step"])
+            last = r
+            due = r["step"] - shown >= every_steps or time.monotonic() - printed_at >= every_s
+            if due or r["step"] >= total:
+                console.print(format_progress(r, total, first), markup=False, highlight=False)
+                shown, printed_at = r["step"], time.monotonic()
+        if rc is not None:
+            if last is not None and last["step"] != shown:
+                console.print(format_progress(last, total, first), markup=False, highlight=False)
+            return rc
+        time.sleep(interval)
+
+
+def format_progress(record: dict[str, Any], total: int, first: tuple[float, int] | None = None) -> str:
+    """'step 40/200 (20%), loss 3.912, 12,345 tok/s, ETA 0:02:10': one metrics record as a
+    plain line (``first``: the time and step this follower started from, for the ETA)."""
+    step = record["step"]
+    parts = [f"step {step}/{total} ({100 * step // max(total, 1)}%)"]
+    if record.get("loss") is not None:
+        parts.append(f"loss {record['loss']:.3f}")
+    if record.get("tokens_per_s"):
+        parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
+    if first is not None and step > first[1]:
+        rate = (time.monotonic() - first[0]) / (step - first[1])
+        left = int(rate * max(total - step, 0))
+        parts.append(f"ETA {left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}")
+    return ", ".join(parts)
+
+
+def _new_records(metrics: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete records appended to ``metrics.jsonl`` since byte ``offset``, and the new offset."""
     if not metrics.exists():
-        return offset
-    with open(metrics) as f:
+        return [], offset
+    with open(metrics, "rb") as f:
         f.seek(offset)
         chunk = f.read()
-    complete = chunk[: chunk.rfind("\n") + 1]
-    for line in complete.splitlines():
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    out = []
+    for line in complete.decode(errors="replace").splitlines():
         try:
             r = json.loads(line)
         except ValueError:
             continue
-        fields: dict[str, Any] = {}
-        if r.get("loss") is not None:
-            fields["loss"] = f"{r['loss']:.3f}"
-        if r.get("tokens_per_s"):
-            fields["tps"] = f"{r['tokens_per_s']:,.0f}"
-        progress.update(task, completed=r["step"], **fields)  # type: ignore[arg-type]
-    return offset + len(complete.encode())
+        if isinstance(r, dict) and "step" in r:
+            out.append(r)
+    return out, offset + len(complete)
 
 
 def progress_line(plan: Plan) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from olmx.api import Dtypes, Mesh, World
 from olmx.config.schema import RunConfig
+from olmx.plan.execution import Execution
 from olmx.rundir import PLAN_FILE
 
 #: ``Plan.clip``: who clips gradients. ``olmo_core``: OLMo-core's train module; ``olmx``: the
@@ -72,6 +73,8 @@ class Plan:
     resume_step: int | None
     #: Who clips gradients (:data:`CLIP_MODES`).
     clip: str = "olmo_core"
+    #: The attention rule, ``torch.compile`` and the metrics cadence for the target's device.
+    execution: Execution = field(default_factory=Execution)
     #: Plugin section (``layers.moe``) -> the decisions its ``resolve`` made.
     decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Plugin section -> rows for the printed plan.
@@ -98,14 +101,21 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any], reg: Any = None) -> Plan:
         """Inverse of :meth:`to_dict`; plugin sections typed by the plugins ``reg`` loads
-        (default: the process's registry)."""
-        from olmx.plan.codec import from_data, run_from_data
+        (default: the process's registry). Raises :class:`olmx.plan.codec.PlanDataError` (a
+        ``ValueError`` saying where) for data that does not fit the plan's types."""
+        from olmx.plan.codec import PlanDataError, from_data, run_from_data
 
+        if not isinstance(data, dict):
+            raise PlanDataError(f"expected a mapping of the plan's keys, got {type(data).__name__}")
         if reg is None:
             from olmx.registry import registry
 
             reg = registry()
         data = dict(data)
+        if "config" not in data:
+            raise PlanDataError("missing key config")
+        if "run" in data:
+            raise PlanDataError("Plan has no field(s) run (the run config is under config)")
         run = run_from_data(data.pop("config"), reg)
         return from_data(cls, {**data, "run": run})
 
@@ -122,7 +132,44 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path, reg: Any = None) -> Plan:
-        """Read a saved plan."""
+        """Read a saved plan. A missing, unreadable, empty, binary, truncated or otherwise
+        invalid file raises ``ConfigError("PLAN", ...)`` saying which (the CLI prints one
+        line and exits 2)."""
         import yaml
 
-        return cls.from_dict(yaml.safe_load(Path(path).read_text()), reg)
+        from olmx import __version__
+        from olmx.errors import ConfigError
+        from olmx.plan.codec import PlanDataError
+
+        p = Path(path)
+        again = "write it again with olmx train"
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError("PLAN", f"'{p}' does not exist (olmx train writes RUN_DIR/{PLAN_FILE})") from None
+        except IsADirectoryError:
+            raise ConfigError("PLAN", f"'{p}' is a directory, not a {PLAN_FILE}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(
+                "PLAN", f"'{p}' is not a text file (a {PLAN_FILE} is YAML written by olmx train)"
+            ) from None
+        except OSError as exc:
+            raise ConfigError("PLAN", f"'{p}' cannot be read ({exc.strerror})") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" at line {where.line + 1}" if where is not None else ""
+            problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ConfigError("PLAN", f"'{p}' is not valid YAML ({problem}{at}); {again}") from None
+        if data is None or data == {}:
+            raise ConfigError("PLAN", f"'{p}' is empty; {again}")
+        if not isinstance(data, dict):
+            raise ConfigError("PLAN", f"'{p}' holds a {type(data).__name__}, not a plan; {again}")
+        # save() writes olmx_version last: without it the file was cut short.
+        if "olmx_version" not in data:
+            raise ConfigError("PLAN", f"'{p}' is truncated (it ends before olmx_version, its last key); {again}")
+        try:
+            return cls.from_dict(data, reg)
+        except PlanDataError as exc:
+            raise ConfigError("PLAN", f"'{p}' is not a plan olmx {__version__} can read: {exc}") from None

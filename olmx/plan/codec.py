@@ -29,34 +29,74 @@ def to_data(obj: Any) -> Any:
     return obj
 
 
-def from_data(cls: type[T], data: dict[str, Any]) -> T:
+class PlanDataError(ValueError):
+    """Plain data that does not fit the typed objects; the message says where
+    (``world.nnodes: expected int, got 'two'``)."""
+
+
+def from_data(cls: type[T], data: Any, *, where: str = "") -> T:
     """The dataclass ``cls`` from plain data, converted field by field by its type hints
-    (unknown keys are an error, missing ones take their defaults)."""
+    (unknown keys and a missing field without a default are an error, missing ones with a
+    default take it). Raises :class:`PlanDataError` for data that does not fit."""
+    name = where or cls.__name__
+    if not isinstance(data, dict):
+        raise PlanDataError(f"{name}: expected a mapping of {cls.__name__}'s fields, got {_show(data)}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = set(data) - names
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    unknown = set(data) - {f.name for f in fields}
     if unknown:
-        raise ValueError(f"{cls.__name__} has no field(s) {', '.join(sorted(unknown))}")
-    return cls(**{k: _convert(hints[k], v) for k, v in data.items()})
+        raise PlanDataError(f"{name}: {cls.__name__} has no field(s) {', '.join(sorted(map(str, unknown)))}")
+    missing = [
+        f.name
+        for f in fields
+        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise PlanDataError(f"{name}: missing field(s) {', '.join(missing)}")
+    return cls(**{k: _convert(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()})
 
 
-def _convert(tp: Any, value: Any) -> Any:
+def _show(value: Any) -> str:
+    """A value as an error message shows it (short)."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
     if value is None or tp is Any or (isinstance(tp, type) and isinstance(value, tp)):
         return value
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
-        return _convert(options[0], value) if len(options) == 1 else value
+        return _convert(options[0], value, where) if len(options) == 1 else value
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return from_data(tp, value)
+        return from_data(tp, value, where=where)
+    if origin in (list, tuple, dict) or tp in (int, float, str, bool):
+        expected = (origin or tp).__name__
+        if origin is dict and not isinstance(value, dict):
+            raise PlanDataError(f"{where}: expected a mapping, got {_show(value)}")
+        if origin in (list, tuple) and not isinstance(value, (list, tuple)):
+            raise PlanDataError(f"{where}: expected a list, got {_show(value)}")
+        # Scalars: never a container; numbers and flags never a string. (A ``str`` field keeps
+        # a number as it is: plan rows may hold numbers.)
+        if tp in (int, float, str, bool) and (
+            isinstance(value, (dict, list, tuple)) or (tp is not str and isinstance(value, str))
+        ):
+            raise PlanDataError(f"{where}: expected {expected}, got {_show(value)}")
     if origin is list:
-        return [_convert(args[0], v) for v in value] if args else list(value)
+        return [_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)] if args else list(value)
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(args[0], v) for v in value)
-        return tuple(_convert(a, v) for a, v in zip(args, value, strict=True)) if args else tuple(value)
+            return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if args and len(args) != len(value):
+            raise PlanDataError(f"{where}: expected {len(args)} items, got {len(value)}")
+        return (
+            tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+            if args
+            else tuple(value)
+        )
     if origin is dict:
-        return {k: _convert(args[1], v) for k, v in value.items()} if args else dict(value)
+        return {k: _convert(args[1], v, f"{where}.{k}") for k, v in value.items()} if args else dict(value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
@@ -76,14 +116,24 @@ def run_from_data(data: dict[str, Any], reg: Any) -> Any:
     ``Config`` of the plugins the registry ``reg`` loads."""
     from olmx.config.schema import RunConfig
 
+    if not isinstance(data, dict):
+        raise PlanDataError(f"config: expected a mapping, got {_show(data)}")
     data = dict(data)
     sections: dict[str, dict[str, Any]] = {}
     for kind, group in CONFIG_GROUPS.items():
-        raw = dict(data.pop(group, None) or {})
+        raw = data.pop(group, None) or {}
+        if not isinstance(raw, dict):
+            raise PlanDataError(f"config.{group}: expected a mapping, got {_show(raw)}")
+        raw = dict(raw)
         if kind == "infra":
+            if "name" not in raw:
+                raise PlanDataError(f"config.{group}: missing field(s) name")
             raw = {raw.pop("name"): raw}
-        sections[group] = {name: from_data(reg.get(kind, name).Config, values or {}) for name, values in raw.items()}
-    run = from_data(RunConfig, data)
+        sections[group] = {
+            name: from_data(reg.get(kind, name).Config, values or {}, where=f"config.{group}.{name}")
+            for name, values in raw.items()
+        }
+    run = from_data(RunConfig, data, where="config")
     for group, typed in sections.items():
         setattr(run, group, typed)
     return run

@@ -6,7 +6,7 @@ raises :class:`ConfigError` naming the field and the numbers.
 
 from __future__ import annotations
 
-import glob
+import math
 import os
 import sysconfig
 from datetime import datetime
@@ -18,13 +18,20 @@ from olmx.api import CLAIMABLE_DIMS, CONFIG_GROUPS, KIND_ORDER, Context, Contrib
 from olmx.config.schema import ModelConfig, RunConfig
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan import BatchPlan, ParamCounts, Plan
+from olmx.plan.execution import resolve_execution
 from olmx.registry import Registry
 from olmx.rundir import RunDir
 
 BLOCKS = ("default", "reordered_norm")
-ATTN_BACKENDS = ("auto", "torch", "flash_2", "flash_3", "te")
 SCHEDULES = ("cosine", "linear", "constant")
 DATA_SOURCES = ("stdlib", "text", "numpy")
+#: Upper bound of ``data.seq_len``: longer sequences are a typo, not a run (OLMo-core keeps
+#: RoPE tables and attention over the whole sequence; 1 Mi tokens is beyond any olmx recipe,
+#: conf/experiment/long_context.yaml suggests up to 131,072).
+MAX_SEQ_LEN = 1 << 20
+#: Byte-level data (``data=stdlib``/``text``): ids 0-255 are bytes and olmx writes ``uint16``
+#: caches, which OLMo-core reads as such for 257 to 65,536 ids (olmx.worker.data.token_dtype).
+BYTE_VOCAB = (257, 1 << 16)
 #: ``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block) and olmx's
 #: ``long_context`` (olmx.worker.train.LONG_CONTEXT_AC_MODULES). OLMo-core's ``selected_ops``
 #: is not offered: with torch 2.13 its recompute fails in RoPE ("aten.alias.default invocation
@@ -59,11 +66,12 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     if world.size < 1:
         raise ConfigError("infra", f"the run needs at least one process, got {world.nnodes} x {world.nproc_per_node}")
     _check_model(run.model)
-    _check_data(run, files_here=infra.data_on_this_machine(run.infra[run.infra_name]))
     _check_trainer(run)
+    data_rows = _check_data(run, files_here=infra.data_on_this_machine(run.infra[run.infra_name]))
 
     ctx = context(run, world, reg)
     mesh, dtypes, vocab = ctx.mesh, ctx.dtypes, ctx.vocab_size
+    execution = resolve_execution(run, world, dtypes)
     contributions: dict[str, Contribution] = {}
     for plugin, cfg in plugins_in_order(run, reg):
         contributions[plugin.section] = plugin.resolve(cfg, ctx)
@@ -109,8 +117,13 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
         run_dir=run_dir,
         resume_step=resume_step,
         clip=clip,
+        execution=execution,
         decisions={k: c.decisions for k, c in contributions.items() if c.decisions},
-        sections={k: c.rows for k, c in contributions.items()},
+        sections={
+            "data": data_rows,
+            **{k: c.rows for k, c in contributions.items()},
+            **({"warnings": warnings} if (warnings := _warnings(run)) else {}),
+        },
         olmx_version=__version__,
     )
 
@@ -258,55 +271,136 @@ def _check_model(m: ModelConfig) -> None:
             raise ConfigError(f"model.{key}", f"must be a positive integer, got {getattr(m, key)}")
     if m.d_model % m.n_heads:
         raise ConfigError("model.n_heads", f"{m.n_heads} heads must divide model.d_model={m.d_model}")
+    if (m.d_model // m.n_heads) % 2:
+        raise ConfigError(
+            "model.d_model",
+            f"model.d_model={m.d_model} / model.n_heads={m.n_heads} makes heads of {m.d_model // m.n_heads} "
+            "dimensions; OLMo-core's RoPE rotates pairs of dimensions, so the head dimension must be even",
+        )
+    for key in ("init_std", "layer_norm_eps"):
+        value = getattr(m, key)
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"model.{key}", f"must be a positive finite number, got {value}")
     if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
         raise ConfigError("model.n_kv_heads", f"{m.n_kv_heads} must be positive and divide model.n_heads={m.n_heads}")
     if m.block not in BLOCKS:
         raise ConfigError("model.block", f"'{m.block}' is not one of {', '.join(BLOCKS)}")
-    if m.attn_backend not in ATTN_BACKENDS:
-        raise ConfigError("model.attn_backend", f"'{m.attn_backend}' is not one of {', '.join(ATTN_BACKENDS)}")
 
 
-def _check_data(run: RunConfig, *, files_here: bool = True) -> None:
-    """The data settings; with ``files_here`` also that ``data.paths`` exist and are readable."""
+def _check_data(run: RunConfig, *, files_here: bool = True) -> list[tuple[str, str]]:
+    """The data settings; with ``files_here`` also the files (:func:`_check_corpus`). Returns
+    the plan's ``data`` rows."""
     d, tok = run.data, run.data.tokenizer
     if d.name not in DATA_SOURCES:
         raise ConfigError("data.name", f"'{d.name}' is not one of {', '.join(DATA_SOURCES)}")
     if d.seq_len < 2:
         raise ConfigError("data.seq_len", f"must be at least 2, got {d.seq_len}")
-    for key in ("eos_id", "pad_id"):
+    if d.seq_len > MAX_SEQ_LEN:
+        raise ConfigError("data.seq_len", f"{d.seq_len:,} tokens per sequence is above olmx's bound of {MAX_SEQ_LEN:,}")
+    if d.num_workers < 0:
+        raise ConfigError("data.num_workers", f"must be >= 0, got {d.num_workers}")
+    if tok.vocab_size < 1:
+        raise ConfigError("data.tokenizer.vocab_size", f"must be a positive integer, got {tok.vocab_size}")
+    for key in ("eos_id", "pad_id", "bos_id"):
         value = getattr(tok, key)
-        if not 0 <= value < tok.vocab_size:
+        if value is not None and not 0 <= value < tok.vocab_size:
             raise ConfigError(f"data.tokenizer.{key}", f"{value} is outside the vocabulary [0, {tok.vocab_size})")
-    if d.name == "stdlib":
-        if not Path(sysconfig.get_paths()["stdlib"]).is_dir():
-            raise ConfigError(
-                "data.name", "this Python has no standard-library sources; use data=text data.paths=[...]"
-            )
+    if d.name == "stdlib" and not Path(sysconfig.get_paths()["stdlib"]).is_dir():
+        raise ConfigError("data.name", "this Python has no standard-library sources; use data=text data.paths=[...]")
+    if d.name in ("stdlib", "text"):
         if tok.name != "bytes":
-            raise ConfigError("data.tokenizer.name", "data=stdlib is tokenized byte-level: use the bytes tokenizer")
-        return
-    if not d.paths:
+            raise ConfigError("data.tokenizer.name", f"data={d.name} is tokenized byte-level: use the bytes tokenizer")
+        low, high = BYTE_VOCAB
+        if not low <= tok.vocab_size <= high:
+            raise ConfigError(
+                "data.tokenizer.vocab_size",
+                f"data={d.name} is tokenized byte-level into uint16 ids: the vocabulary must be in "
+                f"[{low}, {high:,}] (ids 0-255 are bytes, plus end-of-document), got {tok.vocab_size}",
+            )
+        if tok.eos_id < 256:
+            raise ConfigError(
+                "data.tokenizer.eos_id", f"{tok.eos_id} is a byte (0-255) in data={d.name}: use an id >= 256"
+            )
+    if d.name != "stdlib" and not d.paths:
         raise ConfigError("data.paths", f"data={d.name} needs at least one file: data.paths=[path/to/file,...]")
-    for p in d.paths if files_here else []:
-        matches = glob.glob(os.path.expanduser(p))
-        if not matches:
-            raise ConfigError("data.paths", f"'{p}' does not exist")
-        for m in matches:
-            if not os.access(m, os.R_OK):
-                raise ConfigError("data.paths", f"'{m}' is not readable")
-    if d.name == "text" and tok.name != "bytes":
-        raise ConfigError("data.tokenizer.name", "data=text is tokenized byte-level: use the bytes tokenizer")
+    if not files_here:
+        return [("corpus", f"data={d.name}, on the target's machines (not read here)")]
+    return _check_corpus(run)
+
+
+def _check_corpus(run: RunConfig) -> list[tuple[str, str]]:
+    """The corpus, cheaply (headers, sizes, a sample of ids: :mod:`olmx.worker.data`): its files,
+    their ids (``numpy``), that it holds one optimizer step (OLMo-core cuts each token file into
+    whole sequences of ``data.seq_len``; a step takes ``trainer.global_batch_size`` of them), and
+    that the cache it is written to is writable. Returns the plan's ``data`` rows."""
+    from olmx.worker import data as tokens
+
+    d, tok = run.data, run.data.tokenizer
+    seq, need = d.seq_len, run.trainer.global_batch_size
+    if d.name == "numpy":
+        files = [tokens.inspect_token_file(p, tok.vocab_size) for p in tokens.corpus_files(d.paths, example="*.npy")]
+        total, longest = sum(f.tokens for f in files), max(f.tokens for f in files)
+        sequences = sum(f.tokens // seq for f in files)
+        saved = [f for f in files if f.header]
+        dtype = tokens.token_dtype(tok.vocab_size)
+        kinds = [f"{len(files) - len(saved)} raw {dtype}"] if len(saved) < len(files) else []
+        kinds += [f"{len(saved)} np.save'd {'/'.join(sorted({f.dtype for f in saved}))}"] if saved else []
+        rows = [("corpus", f"{len(files)} file(s) ({', '.join(kinds)}), {total:,} tokens")]
+        if saved:
+            root = tokens.check_cache_dir(d)
+            rows.append(("np.save'd files", f"read through their header, copied once as raw {dtype} into {root}"))
+        if total == 0:
+            raise ConfigError("data.paths", "the corpus is empty: its files hold no token ids")
+        if longest < seq:
+            raise ConfigError(
+                "data.seq_len",
+                f"{seq:,} tokens per sequence is longer than every file of the corpus (the longest holds "
+                f"{longest:,} tokens; OLMo-core cuts each file into whole sequences)",
+            )
+    else:
+        paths = tokens.stdlib_files() if d.name == "stdlib" else tokens.corpus_files(d.paths)
+        total = tokens.byte_corpus_tokens(paths)
+        if total == len(paths):
+            raise ConfigError("data.paths", "the corpus is empty: its files hold no bytes")
+        if total < seq:
+            raise ConfigError(
+                "data.seq_len",
+                f"{seq:,} tokens per sequence is longer than the corpus ({total:,} byte-level tokens)",
+            )
+        sequences = total // seq
+        root = tokens.check_cache_dir(d)
+        rows = [("corpus", f"{len(paths):,} file(s), {total:,} byte-level tokens, cached in {root}")]
+    if sequences < need:
+        raise ConfigError(
+            "data.paths",
+            f"the corpus ({total:,} tokens) makes {sequences:,} sequence(s) of data.seq_len={seq}; one "
+            f"optimizer step needs trainer.global_batch_size={need} sequences = {need * seq:,} tokens",
+        )
+    steps, max_steps = sequences // need, run.trainer.max_steps
+    repeats = (
+        f" (trainer.max_steps={max_steps} repeats the data {max_steps / steps:.2f} times)" if max_steps > steps else ""
+    )
+    rows.append(("sequences", f"{sequences:,} x {seq:,} tokens = {steps:,} steps per epoch{repeats}"))
+    return rows
 
 
 def _check_trainer(run: RunConfig) -> None:
     t = run.trainer
-    for key in ("max_steps", "global_batch_size", "micro_batch_size", "save_interval", "log_interval"):
+    for key in ("max_steps", "global_batch_size", "micro_batch_size", "save_interval"):
         if getattr(t, key) < 1:
             raise ConfigError(f"trainer.{key}", f"must be a positive integer, got {getattr(t, key)}")
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
         raise ConfigError("trainer.stop_at_step", f"{t.stop_at_step} must be in [1, trainer.max_steps={t.max_steps}]")
-    if t.lr <= 0:
-        raise ConfigError("trainer.lr", f"must be positive, got {t.lr}")
+    if not (math.isfinite(t.lr) and t.lr > 0):
+        raise ConfigError("trainer.lr", f"must be a positive finite number, got {t.lr}")
+    if not (math.isfinite(t.weight_decay) and t.weight_decay >= 0):
+        raise ConfigError("trainer.weight_decay", f"must be a finite number >= 0, got {t.weight_decay}")
+    if t.max_grad_norm is not None and not (math.isfinite(t.max_grad_norm) and t.max_grad_norm > 0):
+        raise ConfigError(
+            "trainer.max_grad_norm", f"must be a positive finite number or null (no clipping), got {t.max_grad_norm}"
+        )
+    if t.z_loss is not None and not (math.isfinite(t.z_loss) and t.z_loss >= 0):
+        raise ConfigError("trainer.z_loss", f"must be a finite number >= 0 or null (off), got {t.z_loss}")
     if t.warmup_steps < 0:
         raise ConfigError("trainer.warmup_steps", f"must be >= 0, got {t.warmup_steps}")
     if t.schedule not in SCHEDULES:
@@ -322,6 +416,27 @@ def _check_trainer(run: RunConfig) -> None:
         )
 
 
+def _warnings(run: RunConfig) -> list[tuple[str, str]]:
+    """Settings that run but are probably not what was meant: the plan's ``warnings`` rows.
+
+    A warm-up longer than the run is a warning, not an error: short smoke runs of a recipe
+    (``trainer.max_steps=6``) keep its warm-up, and OLMo-core trains them correctly, only
+    never at the peak learning rate. The row says what the run gets instead."""
+    t = run.trainer
+    rows = []
+    if t.warmup_steps > t.max_steps:
+        peak = t.lr * t.max_steps / t.warmup_steps
+        rows.append(
+            (
+                "warm-up",
+                f"trainer.warmup_steps={t.warmup_steps} is longer than the run (trainer.max_steps={t.max_steps}): "
+                f"the learning rate only reaches {peak:.3g} of trainer.lr={t.lr:g}, and trainer.schedule="
+                f"{t.schedule} never starts",
+            )
+        )
+    return rows
+
+
 def _run_dir(run: RunConfig, now: datetime) -> str:
     t = run.trainer
     if t.run_dir:
@@ -329,6 +444,7 @@ def _run_dir(run: RunConfig, now: datetime) -> str:
     else:
         path = (Path(t.runs_root).expanduser() / f"{now:%Y%m%d-%H%M%S}-{run.model.name}").absolute()
     _check_writable(path)
+    RunDir(path).check_claimable("trainer.run_dir")  # a non-empty folder olmx did not make is not a run dir
     return str(path)
 
 
@@ -372,6 +488,7 @@ def describe_plan_rows(plan: Plan) -> list[tuple[str, str]]:
                 "off": "off",
             }[plan.clip],
         ),
+        *(("execution", note) for note in plan.execution.notes),
         ("run dir", plan.run_dir),
         ("resume", f"from step {plan.resume_step}" if plan.resume_step is not None else "no (fresh start)"),
     ]

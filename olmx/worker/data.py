@@ -5,6 +5,19 @@ after each file) into a raw ``uint16`` token array, the format OLMo-core's numpy
 read (no header). The array is written once into the cache directory under a name derived
 from the files' paths, sizes and modification times, and reused; a file lock makes
 concurrent ranks wait for the first writer instead of racing it.
+
+``numpy`` files are OLMo-core's raw token arrays: no header, ids in the dtype OLMo-core chooses
+from the vocabulary (:func:`token_dtype`: the smallest unsigned type that holds every id).
+OLMo-core's ``NumpyFSLDataset`` reads them as memory maps from byte 0, so a ``.npy`` written
+by ``np.save`` (a header, then ids of any integer dtype, any C-ordered shape) would have its
+header read as tokens and, for a wider dtype than OLMo-core's, every id split into several.
+Such a file is read through its header (``np.load(mmap_mode="r")`` semantics) and copied once,
+raw and in OLMo-core's dtype, into the cache (:func:`raw_copy`), every id checked against
+the vocabulary on the way; raw files are used as they are.
+
+The plan checks token files cheaply (:func:`inspect_token_file`: the header or the size, and
+a sample of ids), before anything is launched; nothing here imports torch or OLMo-core, and
+numpy is imported only by the functions that read ids.
 """
 
 from __future__ import annotations
@@ -14,21 +27,67 @@ import hashlib
 import os
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from olmx.config.schema import DataConfig
+from olmx.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Directory names under the stdlib that hold third-party code, not the standard library.
 _NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
 
+#: The unsigned dtypes OLMo-core 3.0.0 reads token files in, smallest first, with their bits
+#: (``NumpyDatasetConfig.get_dtype``: the first that holds ``vocab_size - 1``).
+TOKEN_DTYPES = (("uint8", 8), ("uint16", 16), ("uint32", 32), ("uint64", 64))
+
+#: Ids read per sampled window of a token file at plan time, and the windows per file
+#: (spread evenly, the first and the last included): at most 64 Ki ids per file.
+SAMPLE_WINDOW = 4096
+SAMPLE_WINDOWS = 16
+
+#: Ids converted per chunk when an ``np.save``'d file is copied raw into the cache.
+COPY_CHUNK = 1 << 22
+
+#: The magic string every ``.npy`` file starts with.
+NPY_MAGIC = b"\x93NUMPY"
+
 
 def cache_dir(data: DataConfig) -> Path:
-    """Where tokenized caches live."""
+    """Where tokenized caches live: ``data.cache_dir``, else ``$OLMX_CACHE_DIR``, else
+    ``~/.cache/olmx`` (an empty ``$OLMX_CACHE_DIR`` counts as unset)."""
     if data.cache_dir:
         return Path(data.cache_dir).expanduser()
-    return Path(os.environ.get("OLMX_CACHE_DIR", Path.home() / ".cache" / "olmx"))
+    return Path(os.environ.get("OLMX_CACHE_DIR") or Path.home() / ".cache" / "olmx").expanduser()
+
+
+def cache_field(data: DataConfig) -> str:
+    """The setting that chose :func:`cache_dir` (what an error about the cache names)."""
+    if data.cache_dir or not os.environ.get("OLMX_CACHE_DIR"):
+        return "data.cache_dir"
+    return "OLMX_CACHE_DIR"
+
+
+def check_cache_dir(data: DataConfig) -> Path:
+    """The cache directory, checked: it, or the nearest parent that exists, is a writable
+    directory (``os.access``: nothing is written, so the cache is untouched). Raises
+    :class:`ConfigError` naming ``data.cache_dir`` or ``OLMX_CACHE_DIR``."""
+    root = cache_dir(data).absolute()
+    field = cache_field(data)
+    hint = "tokenized caches are written there; choose another with data.cache_dir=DIR or $OLMX_CACHE_DIR"
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        where = f"'{root}'" if probe == root else f"'{root}' cannot be created: '{probe}'"
+        raise ConfigError(field, f"{where} is not a directory ({hint})")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = f"'{root}'" if probe == root else f"'{root}' cannot be created: '{probe}'"
+        raise ConfigError(field, f"{where} is not writable ({hint})")
+    return root
 
 
 def stdlib_files() -> list[Path]:
@@ -49,8 +108,210 @@ def text_files(paths: list[str]) -> list[Path]:
     return out
 
 
+def corpus_files(paths: list[str], *, example: str = "*") -> list[Path]:
+    """:func:`text_files`, checked: every pattern matches something, and every match is a
+    readable regular file (a directory is refused by name, with the glob that names its
+    files: ``example`` is the file pattern suggested)."""
+    out: list[Path] = []
+    for p in paths:
+        matches = sorted(glob.glob(os.path.expanduser(p)))
+        if not matches:
+            raise ConfigError("data.paths", f"'{p}' does not exist")
+        for m in matches:
+            if os.path.isdir(m):
+                raise ConfigError(
+                    "data.paths",
+                    f"'{m}' is a directory; name its files, e.g. data.paths=[{m.rstrip(os.sep)}{os.sep}{example}]",
+                )
+            if not os.path.isfile(m):
+                raise ConfigError("data.paths", f"'{m}' is not a regular file")
+            if not os.access(m, os.R_OK):
+                raise ConfigError("data.paths", f"'{m}' is not readable")
+            out.append(Path(m))
+    return out
+
+
+def byte_corpus_tokens(files: list[Path]) -> int:
+    """Tokens of the byte-level cache of ``files``, from their sizes alone: one per byte plus
+    one end-of-document id per file (exactly what :func:`tokenize_bytes` writes)."""
+    return sum(path.stat().st_size + 1 for path in files)
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The dtype OLMo-core 3.0.0 reads raw token files in for ``vocab_size`` ids: the
+    smallest of uint8, uint16, uint32, uint64 that holds ``vocab_size - 1``."""
+    for name, bits in TOKEN_DTYPES:
+        if vocab_size - 1 < 1 << bits:
+            return name
+    raise ConfigError("data.tokenizer.vocab_size", f"{vocab_size} ids do not fit in 64 bits")
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """The header of an ``np.save``'d file: what ``np.load(mmap_mode="r")`` reads."""
+
+    #: The array's shape.
+    shape: tuple[int, ...]
+    #: Column-major layout (``np.save`` of a Fortran-ordered array).
+    fortran: bool
+    #: The ids' dtype, byte order included (``<i8``).
+    dtype: str
+    #: Bytes before the first id.
+    offset: int
+
+    @property
+    def items(self) -> int:
+        """Ids in the array."""
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+def npy_header(path: Path) -> NpyHeader | None:
+    """The ``.npy`` header of ``path``, or None for a raw token file (no ``.npy`` magic).
+    Raises :class:`ConfigError` for a file that starts like a ``.npy`` but whose header
+    cannot be read."""
+    with open(path, "rb") as f:
+        if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
+            return None
+        import numpy as np
+
+        f.seek(0)
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f".npy format version {version[0]}.{version[1]} (1.0 and 2.0 are read)")
+        except ValueError as exc:
+            raise ConfigError(
+                "data.paths", f"'{path}' starts like a .npy file but its header is unreadable: {exc}"
+            ) from None
+        return NpyHeader(shape=tuple(shape), fortran=bool(fortran), dtype=dtype.str, offset=f.tell())
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """One ``data=numpy`` file as the plan sees it (its header or its size, and a sample)."""
+
+    #: The file.
+    path: str
+    #: Token ids it holds.
+    tokens: int
+    #: The ids' dtype on disk (a raw file: OLMo-core's dtype for the vocabulary).
+    dtype: str
+    #: An ``np.save``'d ``.npy``: read through its header and copied raw into the cache.
+    header: bool
+
+
+def inspect_token_file(path: Path, vocab_size: int) -> TokenFile:
+    """Check one ``data=numpy`` file cheaply (header or size, and a sample of ids): a raw file
+    holds a whole number of OLMo-core's ids and does not look like wider integers written raw;
+    an ``np.save``'d file holds integers in C order and is complete; the sampled ids are in
+    ``[0, vocab_size)``. Raises :class:`ConfigError` naming ``data.paths`` and the file."""
+    import numpy as np
+
+    target = np.dtype(token_dtype(vocab_size))
+    header = npy_header(path)
+    size = path.stat().st_size
+    if header is None:
+        if size % target.itemsize:
+            raise ConfigError(
+                "data.paths",
+                f"'{path}' has {size:,} bytes, not a whole number of {target.name} token ids "
+                f"({target.itemsize} bytes each: OLMo-core reads raw token files as {target.name} for "
+                f"data.tokenizer.vocab_size={vocab_size}); write them with "
+                f"tokens.astype(np.{target.name}).tofile(path) or np.save(path, tokens)",
+            )
+        n = size // target.itemsize
+        ids = np.memmap(path, dtype=target, mode="r") if n else np.empty(0, target)
+        windows = _sample(ids)
+        _check_not_wide(path, windows, target)
+        dtype = target
+    else:
+        dtype = np.dtype(header.dtype)
+        if dtype.kind not in "iu":
+            raise ConfigError(
+                "data.paths",
+                f"'{path}' holds {dtype.name} values, not integer token ids "
+                f"(np.save(path, tokens.astype(np.{target.name})) with integer ids)",
+            )
+        if header.fortran and len(header.shape) > 1:
+            raise ConfigError(
+                "data.paths",
+                f"'{path}' is a Fortran-ordered {len(header.shape)}-D array; save it in C order: "
+                "np.save(path, np.ascontiguousarray(tokens))",
+            )
+        n = header.items
+        if header.offset + n * dtype.itemsize > size:
+            raise ConfigError(
+                "data.paths",
+                f"'{path}' is truncated: its header announces {n:,} {dtype.name} ids "
+                f"({header.offset + n * dtype.itemsize:,} bytes), the file has {size:,} bytes",
+            )
+        ids = np.memmap(path, dtype=dtype, mode="r", offset=header.offset, shape=(n,)) if n else np.empty(0, dtype)
+        windows = _sample(ids)
+    raw = f"; OLMo-core reads raw token files as {target.name} for this vocabulary" if header is None else ""
+    for start, window in windows:
+        _check_ids(path, start, window, vocab_size, sampled=True, hint=raw)
+    return TokenFile(path=str(path), tokens=n, dtype=dtype.name, header=header is not None)
+
+
+def _sample(ids: Any) -> list[tuple[int, np.ndarray]]:
+    """``(start, ids)`` windows spread over a 1-D array (all of it when it is small); starts
+    are multiples of 8 so that wider integers written raw line up (:func:`_check_not_wide`)."""
+    import numpy as np
+
+    n = len(ids)
+    if n <= SAMPLE_WINDOW * SAMPLE_WINDOWS:
+        return [(0, np.asarray(ids))]
+    starts = sorted({int(s) // 8 * 8 for s in np.linspace(0, n - SAMPLE_WINDOW, SAMPLE_WINDOWS)})
+    return [(s, np.asarray(ids[s : s + SAMPLE_WINDOW])) for s in starts]
+
+
+def _check_not_wide(path: Path, windows: list[tuple[int, np.ndarray]], target: np.dtype) -> None:
+    """Refuse a raw file that looks like wider little-endian integers (int32/int64 ids written
+    with ``tofile``): in every sampled group of ``k`` ids only the first is ever non-zero. Read
+    as OLMo-core's narrower dtype, that trains on the ids interleaved with zeros."""
+    import numpy as np
+
+    for bits in (64, 32, 16):
+        k = bits // (8 * target.itemsize)
+        if k < 2:
+            continue
+        groups = [w[: len(w) // k * k].reshape(-1, k) for _, w in windows]
+        rows = np.concatenate(groups) if groups else np.empty((0, k), target)
+        if len(rows) >= 16 and rows[:, 0].any() and not rows[:, 1:].any():
+            raise ConfigError(
+                "data.paths",
+                f"'{path}' looks like {bits}-bit integers written raw (of every {k} {target.name} ids read, "
+                f"only the first is ever non-zero); OLMo-core reads raw token files as {target.name} here: "
+                f"write them with tokens.astype(np.{target.name}).tofile(path), or np.save(path, tokens)",
+            )
+
+
+def _check_ids(path: Path, start: int, ids: np.ndarray, vocab_size: int, *, sampled: bool, hint: str = "") -> None:
+    """Every id of ``ids`` (``path``'s ids from ``start``) is in ``[0, vocab_size)``."""
+    if not ids.size:
+        return
+    bad = (ids >= vocab_size) | (ids < 0) if ids.dtype.kind == "i" else ids >= vocab_size
+    if bad.any():
+        at = int(bad.argmax())
+        raise ConfigError(
+            "data.paths",
+            f"'{path}' holds token id {int(ids[at])} at position {start + at:,}"
+            f"{' (in a sample of its ids)' if sampled else ''}, outside the vocabulary "
+            f"[0, data.tokenizer.vocab_size={vocab_size}){hint}",
+        )
+
+
 def tokenize_bytes(files: list[Path], eos_id: int, out: Path) -> int:
     """Write the byte-level tokens of ``files`` (each followed by ``eos_id``) to ``out``."""
+    import numpy as np
+
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     total = 0
     with open(tmp, "wb") as f:
@@ -65,10 +326,51 @@ def tokenize_bytes(files: list[Path], eos_id: int, out: Path) -> int:
     return total
 
 
+def raw_copy(path: Path, header: NpyHeader, data: DataConfig) -> Path:
+    """The raw token array OLMo-core reads for the ``np.save``'d ``path``: its ids in
+    :func:`token_dtype`, no header, in the cache under a name derived from the file's path,
+    size and modification time; written once (a file lock makes concurrent ranks wait for
+    the first writer), every id checked against the vocabulary."""
+    import numpy as np
+    from filelock import FileLock
+
+    vocab = data.tokenizer.vocab_size
+    target = np.dtype(token_dtype(vocab))
+    st = path.stat()
+    key = hashlib.sha256(f"{path.absolute()}|{st.st_size}|{st.st_mtime_ns}|{target.str}|v1".encode())
+    root = cache_dir(data)
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / f"npy-{path.stem}-{key.hexdigest()[:16]}.{target.name}"
+    with FileLock(str(out) + ".lock"):
+        if out.exists():
+            return out
+        n = header.items
+        dtype = np.dtype(header.dtype)
+        ids = np.memmap(path, dtype=dtype, mode="r", offset=header.offset, shape=(n,)) if n else np.empty(0, dtype)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                for start in range(0, n, COPY_CHUNK):
+                    chunk = np.asarray(ids[start : start + COPY_CHUNK])
+                    _check_ids(path, start, chunk, vocab, sampled=False)
+                    f.write(chunk.astype(target).tobytes())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        tmp.replace(out)
+    return out
+
+
 def token_files(data: DataConfig) -> list[str]:
-    """Paths of the token arrays for ``data``, tokenizing into the cache first if needed."""
+    """Paths of the raw token arrays OLMo-core reads for ``data``: byte-level caches of
+    ``stdlib``/``text`` (tokenized into the cache first if needed), the raw files of ``numpy``
+    as they are and raw copies of its ``np.save``'d files (:func:`raw_copy`)."""
     if data.name == "numpy":
-        return [str(f) for f in text_files(data.paths)]
+        arrays: list[str] = []
+        for path in text_files(data.paths):
+            header = npy_header(path)
+            arrays.append(str(path if header is None else raw_copy(path, header, data)))
+        return arrays
     files = stdlib_files() if data.name == "stdlib" else text_files(data.paths)
     key = hashlib.sha256(f"{sys.version}|{data.tokenizer.eos_id}".encode())
     for path in files:

@@ -36,10 +36,16 @@ def run_worker(plan_path: str | Path) -> None:
     stopped on a non-finite loss (both after saving a checkpoint), see :mod:`olmx.events`.
 
     Per-rank Python errors are recorded in torchrun's error file (``record``), where the
-    launcher reads which rank failed and why."""
-    from olmx.stop import install_stop_handlers
+    launcher reads which rank failed and why. Under torchrun, the death of torchrun (even by
+    SIGKILL) arrives as SIGTERM (Linux parent-death signal): the ranks stop with a checkpoint
+    instead of training on as orphans."""
+    from olmx.stop import die_with_parent, install_stop_handlers
 
     install_stop_handlers()  # first: a preemption notice during start-up is kept, not fatal
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun (its main thread)
+        import signal
+
+        die_with_parent(signal.SIGTERM)
     from torch.distributed.elastic.multiprocessing.errors import record
 
     code = record(_run)(plan_path)

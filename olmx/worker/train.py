@@ -13,7 +13,7 @@ def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
     """Keyword arguments of OLMo-core's ``TransformerTrainModuleConfig``: the core's settings
     (optimizer, schedule, clipping, the plan's dtypes), then every plugin's
     ``apply_train_module`` in :data:`olmx.api.KIND_ORDER`."""
-    from olmo_core.optim import AdamWConfig, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup
+    from olmo_core.optim import AdamWConfig, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup, OptimGroupOverride
 
     from olmx.plan.resolve import plugins_in_order
 
@@ -25,13 +25,21 @@ def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "rank_microbatch_size": plan.batch.micro_tokens,
         "max_sequence_length": plan.batch.seq_len,
-        "optim": AdamWConfig(lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay),
+        # foreach (multi-tensor) kernels on GPUs, as OLMo-core's scripts; torch's choice on CPUs.
+        "optim": AdamWConfig(
+            lr=t.lr,
+            betas=tuple(t.betas),
+            weight_decay=t.weight_decay,
+            foreach=True if plan.world.device == "cuda" else None,
+        ),
         "scheduler": schedulers[t.schedule](**scheduler_kwargs),
         # Who clips is the plan's decision; olmx's own clipping is a callback (build_trainer).
         "max_grad_norm": t.max_grad_norm if plan.clip == "olmo_core" else None,
         "z_loss_multiplier": t.z_loss,
-        "compile_model": bool(t.compile and plan.world.device == "cuda"),
+        "compile_model": plan.execution.compile,
     }
+    if t.weight_decay and not t.decay_embeddings:
+        kwargs["optim"].group_overrides = [OptimGroupOverride(params=["embeddings.weight"], opts={"weight_decay": 0.0})]
     if t.activation_checkpointing:
         kwargs["ac_config"] = activation_checkpointing_config(t.activation_checkpointing)
     for plugin, cfg in plugins_in_order(plan.run, reg):
@@ -134,7 +142,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
         "checkpointer": CheckpointerCallback(
             save_interval=t.save_interval, save_async=False, pre_train_checkpoint=False
         ),
-        "console_logger": ConsoleLoggerCallback(log_interval=max(t.log_interval, 10)),
+        "console_logger": ConsoleLoggerCallback(log_interval=max(plan.execution.log_interval, 10)),
         "olmx_metrics": OlmxMetricsCallback(
             run_dir=str(run_dir),
             tokens_per_step=plan.batch.global_tokens,
@@ -159,7 +167,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
         save_overwrite=True,
         max_duration=Duration.steps(t.max_steps),
         hard_stop=Duration.steps(t.stop_at_step) if t.stop_at_step else None,
-        metrics_collect_interval=t.log_interval,
+        metrics_collect_interval=plan.execution.log_interval,
         # Stop signals are agreed by olmx's TrainingGuard every step, synchronously; OLMo-core's
         # asynchronous cancel check (which ranks can see at different steps) never runs.
         cancel_check_interval=t.max_steps + 1,
@@ -168,14 +176,16 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
 
 
 def reset_run_dir(run_dir: str) -> None:
-    """``trainer.resume=false``: remove earlier checkpoints, metrics and summary of this run dir
-    (``events.jsonl`` keeps the history; a ``fresh`` record marks the new start)."""
+    """``trainer.resume=false``: move earlier checkpoints aside (``checkpoints/`` is renamed to
+    ``checkpoints.old-<time>/``; nothing is deleted), and start this run dir's metrics, summary
+    and fault markers over (olmx's own files; ``events.jsonl`` keeps the history, a ``fresh``
+    record, with ``moved_to``, marks the new start)."""
     from olmx.events import append_event
     from olmx.worker.callbacks import truncate_metrics
 
     rd = RunDir(run_dir)
-    shutil.rmtree(rd.checkpoints, ignore_errors=True)
+    moved = rd.move_checkpoints_aside()
     shutil.rmtree(rd.work / "faults", ignore_errors=True)
     rd.summary.unlink(missing_ok=True)
     truncate_metrics(run_dir, None)
-    append_event(run_dir, "fresh")
+    append_event(run_dir, "fresh", moved_to=str(moved) if moved else None)

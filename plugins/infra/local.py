@@ -1,4 +1,13 @@
-"""This machine (or several, by hand): torchrun starts the processes; progress in the terminal."""
+"""This machine (or several, by hand): torchrun starts the processes; progress in the terminal.
+
+The launcher owns what it started: torchrun runs in a session of its own with the
+parent-death signal set (Linux ``PR_SET_PDEATHSIG=SIGTERM``), so when ``olmx train`` dies,
+even by SIGKILL, torchrun passes SIGTERM on to its workers, which finish their step, save a
+checkpoint and exit (75); the workers set the same signal against torchrun. SIGTERM, SIGHUP
+(a closed terminal, a dropped SSH session) and Ctrl-C to ``olmx train`` stop the run the same
+way. The launch is recorded in ``RUN_DIR/launch.json`` (host, pids, start), which ``olmx jobs
+status|logs|cancel RUN_DIR`` read.
+"""
 
 from __future__ import annotations
 
@@ -84,21 +93,30 @@ class LocalInfra(InfraPlugin):
         """Node 0's launcher writes the report (once per run)."""
         return cfg.node_rank == 0
 
+    def owns_run_dir(self, cfg: LocalConfig) -> bool:
+        """Node 0's launcher takes the run directory's lock; the others share the directory."""
+        return cfg.node_rank == 0
+
     def launch(self, cfg: LocalConfig, plan: Any) -> int:
         """Start torchrun with its output in ``RUN_DIR/logs/``, follow it, and end as the run
         did: 0 when it finished; otherwise :class:`RunFailed` with the exit code of
         :mod:`olmx.events` (75: stopped by a signal with a checkpoint, 76: stopped on a
         non-finite loss) or, when processes died, the rank that died first and its log tail.
 
-        SIGTERM to this process (a scheduler taking the machine) is passed on to torchrun and
-        its processes, which finish their step and save a checkpoint; Ctrl-C does the same."""
+        SIGTERM or SIGHUP to this process (a scheduler taking the machine, a closed terminal)
+        is passed on to torchrun and its processes, which finish their step and save a
+        checkpoint; Ctrl-C does the same; if this process dies, torchrun gets SIGTERM."""
+        import socket
         import time
         import uuid
 
         from rich.console import Console
 
         from olmx.events import LAUNCH_ENV
+        from olmx.launch import parent_death_preexec
+        from olmx.launch.failures import FailureRecorder
         from olmx.launch.monitor import follow
+        from olmx.rundir import process_start
 
         log_path = RunDir(plan.run_dir).node_log(cfg.node_rank)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,20 +132,48 @@ class LocalInfra(InfraPlugin):
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=parent_death_preexec(signal.SIGTERM),
                 env=env,
             )
+            if self.owns_run_dir(cfg):
+                RunDir(plan.run_dir).write_launch(
+                    {
+                        "infra": self.name,
+                        "host": socket.gethostname(),
+                        "pid": os.getpid(),
+                        "pid_start": process_start(os.getpid()),
+                        "torchrun_pid": proc.pid,
+                        "torchrun_start": process_start(proc.pid),
+                        "launch_id": launch_id,
+                        "node_rank": cfg.node_rank,
+                        "log": str(log_path),
+                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    }
+                )
 
             def pass_on(signum: int, frame: Any) -> None:
-                console.print(
-                    f"{signal.Signals(signum).name}: stopping the run at the end of this step "
-                    f"(a checkpoint is saved)..."
-                )
-                os.killpg(proc.pid, signum)
+                os.killpg(proc.pid, signum)  # first: after a SIGHUP the terminal may be gone
+                try:
+                    console.print(
+                        f"{signal.Signals(signum).name}: stopping the run at the end of this step "
+                        f"(a checkpoint is saved)..."
+                    )
+                except OSError:
+                    pass
 
-            previous = signal.signal(signal.SIGTERM, pass_on)
+            recorder = FailureRecorder(
+                plan.run_dir, log_path, offset=offset, since=started, node_rank=cfg.node_rank, launch=launch_id
+            )
+
+            def poll() -> int | None:
+                rc = proc.poll()
+                recorder.poll()  # a restart's cause is recorded when it happens
+                return rc
+
+            previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGHUP)}
             try:
                 try:
-                    follow(plan, proc.poll, log_path=log_path, console=console)
+                    follow(plan, poll, log_path=log_path, console=console)
                     rc = 0
                 except RunFailed as exc:
                     rc = exc.exit_code
@@ -136,7 +182,8 @@ class LocalInfra(InfraPlugin):
                     pass_on(signal.SIGINT, None)
                     rc = proc.wait()
             finally:
-                signal.signal(signal.SIGTERM, previous)
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
         return self._conclude(
             plan,
             cfg,
@@ -147,6 +194,7 @@ class LocalInfra(InfraPlugin):
             offset=offset,
             interrupted=interrupted,
             console=console,
+            recorder=recorder,
         )
 
     def _conclude(
@@ -161,26 +209,21 @@ class LocalInfra(InfraPlugin):
         offset: int,
         interrupted: bool,
         console: Any,
+        recorder: Any,
     ) -> int:
-        """Record the rank failures of this launch in ``events.jsonl`` and turn its outcome
-        into the return value or a :class:`RunFailed`."""
-        from olmx.events import append_event, outcome, read_events
-        from olmx.launch.failures import attempt_failures, latest_torchrun_dir
+        """Record the rank failures of this launch not yet recorded in ``events.jsonl`` and
+        turn its outcome into the return value or a :class:`RunFailed`."""
+        from olmx.events import outcome, read_events
 
-        with open(log_path, "rb") as f:
-            f.seek(offset)
-            console_text = f.read().decode(errors="replace")
-        failures = attempt_failures(
-            console_text,
-            latest_torchrun_dir(RunDir(plan.run_dir).torchrun_logs, since=started),
-            node_rank=cfg.node_rank,
-        )
-        for failure in failures:
-            append_event(plan.run_dir, "rank_failed", launch=launch_id, **failure.as_event())
+        failures = recorder.poll()
         # On several nodes global rank 0 (which writes the run's records) may be on any node, its
         # launcher's id unknown here: this launch's records are those written since it started.
         mine = launch_id if cfg.nnodes == 1 else None
         for e in read_events(plan.run_dir, launch=mine, since=started):
+            if e["event"] == "fresh" and e.get("moved_to"):
+                console.print(
+                    f"trainer.resume=false: the earlier checkpoints were moved to {e['moved_to']}", highlight=False
+                )
             if e["event"] == "checkpoint_corrupt":
                 console.print(
                     f"[yellow]checkpoint step {e['step']} was corrupt[/] ({e['problem']}); "
@@ -212,9 +255,73 @@ class LocalInfra(InfraPlugin):
                 f"(infra.max_restarts={cfg.max_restarts}). Last lines of its log{where}:\n{last.tail}",
                 rc or 1,
             )
+        from olmx.launch.failures import log_excerpt
+
+        raise RunFailed(
+            f"training failed with exit code {rc}; from {log_path}:\n{log_excerpt(log_path, since=offset)}", rc or 1
+        )
+
+    # -- olmx jobs ---------------------------------------------------------------------------
+
+    def _record(self, plan: Any) -> dict[str, Any]:
+        record = RunDir(plan.run_dir).read_launch("local")
+        if record.get("infra") != self.name:
+            raise ConfigError("RUN_DIR", f"{plan.run_dir} was launched on {record.get('infra')}, not locally")
+        return record
+
+    def _alive(self, record: dict[str, Any]) -> dict[str, bool] | None:
+        """Which of the recorded processes run (None: recorded on another host)."""
+        import socket
+
+        from olmx.rundir import process_alive
+
+        if record.get("host") != socket.gethostname():
+            return None
+        return {
+            "launcher": process_alive(record["pid"], record.get("pid_start")),
+            "torchrun": process_alive(record["torchrun_pid"], record.get("torchrun_start")),
+        }
+
+    def job_status(self, cfg: LocalConfig, plan: Any) -> str:
+        """Whether the launch recorded in ``launch.json`` still runs, and its progress line."""
+        from olmx.events import outcome
+        from olmx.launch.monitor import progress_line
+
+        record = self._record(plan)
+        alive = self._alive(record)
+        where = f"local run on {record['host']} (olmx train pid {record['pid']}, torchrun pid {record['torchrun_pid']})"
+        if alive is None:
+            state = "state unknown: launched on another host"
+        elif any(alive.values()):
+            state = "alive" + ("" if alive["launcher"] else " (its olmx train is gone; torchrun is stopping)")
+        else:
+            state = f"ended: {outcome(plan.run_dir, launch=record.get('launch_id')).message}"
+        return "\n".join(
+            [f"{where}, started {record['started']}: {state}", progress_line(plan), f"log: {record['log']}"]
+        )
+
+    def job_logs(self, cfg: LocalConfig, plan: Any, lines: int) -> str:
+        """The last ``lines`` lines of the node log."""
         from olmx.rundir import tail
 
-        raise RunFailed(f"training failed with exit code {rc}; last lines of {log_path}:\n{tail(log_path)}", rc or 1)
+        record = self._record(plan)
+        return tail(record["log"], lines) or f"(the log {record['log']} is empty or not written yet)"
+
+    def job_cancel(self, cfg: LocalConfig, plan: Any) -> None:
+        """SIGTERM to the launcher (it passes it on) or, if it is gone, to torchrun's process
+        group: the workers finish their step, save a checkpoint and exit."""
+        from olmx.errors import LaunchError
+
+        record = self._record(plan)
+        alive = self._alive(record)
+        if alive is None:
+            raise LaunchError(f"the run was launched on {record['host']}: run olmx jobs cancel there")
+        if alive["launcher"]:
+            os.kill(record["pid"], signal.SIGTERM)
+        elif alive["torchrun"]:
+            os.killpg(record["torchrun_pid"], signal.SIGTERM)
+        else:
+            raise LaunchError(f"the run in {plan.run_dir} has already ended; nothing to cancel")
 
 
 LOCAL = LocalInfra()

@@ -12,11 +12,15 @@ each sequence with all H heads. Around attention:
    so sliding windows, document masks and sinks see global positions.
 3. head -> seq: one all-to-all turns the output ``[B, N, H/P, d]`` back into ``[B, N/P, H, d]``.
 
-The all-to-alls are OLMo-core's ``all_to_all_single_cp2hp`` / ``_hp2cp``
-(``olmo_core.distributed.parallel.context_parallel``: they make their inputs contiguous before
-allocating the receive buffer, which gloo needs: it fills a non-contiguous buffer as if it were
-contiguous); k and v travel together, concatenated along their last (head_dim) axis. Not
-the list version ``all_to_all_cp2hp``: on gloo, torch 2.13's autograd ``all_to_all`` emulates
+The all-to-alls (:func:`seq_to_heads`, :func:`heads_to_seq`) lay tensors out as OLMo-core's
+``all_to_all_single_cp2hp`` / ``_hp2cp`` do (``olmo_core.distributed.parallel.context_parallel``),
+on torch's functional collective ``all_to_all_single_autograd``
+(``torch.distributed._functional_collectives``), which ``torch.compile`` traces: OLMo-core's go
+through ``torch.distributed.nn.functional.all_to_all_single``, which torch 2.13 cannot trace
+(frames fall back to eager; ``fullgraph=True`` raises). Inputs are made contiguous first (gloo
+fills a non-contiguous buffer as if it were contiguous); k and v travel together,
+concatenated along their last (head_dim) axis. Not the list version ``all_to_all_cp2hp``: on
+gloo, torch 2.13's autograd ``all_to_all`` emulates
 the exchange with ``scatter(src=i)`` and reads ``i`` as a global rank, so every Ulysses group
 that does not contain global rank 0 fails ("Global rank 0 is not part of group"), e.g. with
 2 data x 2 sequence ranks. OLMo-core's own Ulysses code inside its
@@ -68,6 +72,7 @@ class UlyssesAttention(nn.Module):
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.cp_pg: dist.ProcessGroup | None = None
+        self.cp_degree, self.cp_rank = 1, 0
         self.cp_enabled = False
         self.kv_repeat = 1
 
@@ -97,6 +102,7 @@ class UlyssesAttention(nn.Module):
         # replication above that ratio is H / m (the same on every rank's H/P, m/P heads).
         self.inner.n_kv_heads = kv
         self.cp_pg = group
+        self.cp_degree, self.cp_rank = degree, dist.get_rank(group)
         self.cp_enabled = True
 
     def forward(
@@ -111,11 +117,6 @@ class UlyssesAttention(nn.Module):
         arguments (document lengths, ...) describe the full sequence and go to the backend."""
         if not self.cp_enabled:
             return self.inner(qkv, sinks=sinks, kv_cache_manager=kv_cache_manager, **kwargs)
-        from olmo_core.distributed.parallel.context_parallel import (
-            all_to_all_single_cp2hp,
-            all_to_all_single_hp2cp,
-        )
-
         if isinstance(qkv, torch.Tensor):
             raise RuntimeError("Ulysses attention takes separate q, k, v (not a packed QKV tensor)")
         if kv_cache_manager is not None:
@@ -125,14 +126,40 @@ class UlyssesAttention(nn.Module):
         if self.kv_repeat > 1:
             k = k.repeat_interleave(self.kv_repeat, dim=2)
             v = v.repeat_interleave(self.kv_repeat, dim=2)
-        q = all_to_all_single_cp2hp(q, self.cp_pg)
+        degree = self.cp_degree
+        q = seq_to_heads(q, self.cp_pg, degree)
         # k and v side by side in the last dim: one all-to-all, split after
-        k, v = all_to_all_single_cp2hp(torch.cat([k, v], dim=-1), self.cp_pg).chunk(2, dim=-1)
+        k, v = seq_to_heads(torch.cat([k, v], dim=-1), self.cp_pg, degree).chunk(2, dim=-1)
         if sinks is not None:  # one logit per head: keep this rank's heads
-            degree = dist.get_world_size(self.cp_pg)
-            sinks = sinks.chunk(degree)[dist.get_rank(self.cp_pg)]
+            sinks = sinks.chunk(degree)[self.cp_rank]
         out = self.inner((q, k, v), sinks=sinks, **kwargs)
-        return all_to_all_single_hp2cp(out, self.cp_pg).contiguous()
+        return heads_to_seq(out, self.cp_pg, degree)
+
+
+def _exchange(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Equal-split all-to-all along dim 0, differentiable and traceable by ``torch.compile``."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    out = all_to_all_single_autograd(x.contiguous(), None, None, group)
+    # A functional collective returns an async tensor; wait_tensor makes it an ordinary one.
+    return torch.ops._c10d_functional.wait_tensor(out)
+
+
+def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, degree: int) -> torch.Tensor:
+    """``[B, N/P, H, d]`` (this rank's sequence shard, all heads) -> ``[B, N, H/P, d]`` (the
+    whole sequence, this rank's heads)."""
+    b, t, h, d = x.shape
+    parts = x.view(b, t, degree, h // degree, d).permute(2, 0, 1, 3, 4).flatten(0, 3)
+    out = _exchange(parts, group).view(degree, b, t, h // degree, d).permute(1, 0, 2, 3, 4)
+    return out.reshape(b, t * degree, h // degree, d)
+
+
+def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, degree: int) -> torch.Tensor:
+    """``[B, N, H/P, d]`` -> ``[B, N/P, H, d]``: the inverse of :func:`seq_to_heads`."""
+    b, t, h, d = x.shape
+    parts = x.view(b, degree, t // degree, h, d).permute(1, 0, 2, 3, 4).flatten(0, 3)
+    out = _exchange(parts, group).view(degree, b, t // degree, h, d).permute(1, 2, 0, 3, 4)
+    return out.reshape(b, t // degree, h * degree, d).contiguous()
 
 
 def apply_ulysses_attention(model: nn.Module) -> int:

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from olmx.errors import ConfigError
-from olmx_plugins.precision.mx_rules import BLOCK_SIZE, MIN_COMPUTE_CAPABILITY, MXFP8Config, keep_reason
+from olmx_plugins.precision.lowp import BLOCK_SIZE, MIN_COMPUTE_CAPABILITY, MXFP8Config, keep_reason
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +36,16 @@ def ao_mx_config(cfg: MXFP8Config, *, emulate: bool) -> Any:
         block_size=BLOCK_SIZE,
         elem_dtype=DType.float8_e4m3fn,
         kernel_preference=AOKernelPreference.emulated if emulate else AOKernelPreference.auto,
-        mxfp8_cast_kernel_choice=AOMXFP8Dim1CastKernelChoice.torch if emulate else AOMXFP8Dim1CastKernelChoice.cuda,
+        # Not torchao's "cuda" cast: torchao 0.15 loads its C++ extensions only under torch
+        # 2.9.1/2.10, so under torch 2.13 that op has no CUDA kernel; Triton's is the fast one.
+        mxfp8_cast_kernel_choice=AOMXFP8Dim1CastKernelChoice.torch if emulate else AOMXFP8Dim1CastKernelChoice.triton,
         scale_calculation_mode=AOScaleCalculationMode(cfg.scale_calculation_mode),
     )
 
 
 def split_linears(model: nn.Module, cfg: MXFP8Config) -> tuple[list[str], dict[str, str]]:
     """Names of the linear layers to convert, and the kept ones with the reason (the rule of
-    :func:`olmx_plugins.precision.mx_rules.keep_reason`, applied to the built model)."""
+    :func:`olmx_plugins.precision.lowp.keep_reason`, applied to the built model)."""
     convert, kept = [], {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):

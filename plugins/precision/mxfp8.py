@@ -35,34 +35,20 @@ from typing import Any
 
 from olmx.api import Context, Contribution, Dtypes, Mesh, PrecisionPlugin, World
 from olmx.errors import ConfigError
-from olmx.plan.linears import LinearLayer
-from olmx_plugins.precision.mx_rules import (
+from olmx_plugins.precision.lowp import (
     BLOCK_SIZE,
     MIN_COMPUTE_CAPABILITY,
     SCALE_MODES,
     MXFP8Config,
+    hardware,
     keep_reason,
+    missing_torchao,
+    rest_dtypes,
+    shown,
+    split_planned,
 )
 
 __all__ = ["MXFP8", "MXFP8Config", "keep_reason"]
-
-
-def hardware(world: World) -> str:
-    """The device as the plan and the refusal name it."""
-    if world.device == "cpu":
-        return "CPU only (no CUDA GPU)"
-    cc = world.compute_capability
-    return f"{world.device_name} (compute capability {'.'.join(map(str, cc)) if cc else 'unknown'})"
-
-
-def _shown(layers: list[LinearLayer]) -> str:
-    """Layer names, those repeated over blocks folded into ``blocks.*.name (xN)``."""
-    groups: dict[str, list[str]] = {}
-    for layer in layers:
-        parts = layer.name.split(".")
-        key = ".".join(["blocks", "*", *parts[2:]]) if parts[0] == "blocks" and len(parts) > 2 else layer.name
-        groups.setdefault(key, []).append(layer.name)
-    return ", ".join(f"{key} (x{len(names)})" if len(names) > 1 else names[0] for key, names in groups.items())
 
 
 class MXFP8Precision(PrecisionPlugin):
@@ -74,23 +60,15 @@ class MXFP8Precision(PrecisionPlugin):
     Config = MXFP8Config
 
     def dtypes(self, cfg: MXFP8Config, run: Any, world: World, mesh: Mesh) -> Dtypes:
-        """The dtypes of everything that is not an MX linear layer: ``param_dtype``, whose null
-        default is bfloat16, except float32 on CPU where parameters are not sharded (there
-        bfloat16 would mean CPU autocast, which torchao 0.15's MXLinear ignores)."""
-        param = cfg.param_dtype or ("float32" if world.device == "cpu" and not mesh.shards_params else "bfloat16")
-        if world.device == "cpu" and param == "bfloat16" and not mesh.shards_params:
-            raise ConfigError(
-                "precision.mxfp8.param_dtype",
-                "bfloat16 without a data-parallel strategy that shards parameters (parallel=[fsdp] or [hsdp]) means "
-                "CPU autocast, which torchao 0.15's MXLinear ignores (it follows CUDA autocast only), so bfloat16 "
-                "activations would meet float32 weights; set precision.mxfp8.param_dtype=float32 or use fsdp",
-            )
-        return Dtypes(param=param, reduce=cfg.reduce_dtype)
+        """The dtypes of everything that is not an MX linear layer (:func:`.lowp.rest_dtypes`)."""
+        return rest_dtypes(cfg.param_dtype, cfg.reduce_dtype, world=world, mesh=mesh, section="precision.mxfp8")
 
     def resolve(self, cfg: MXFP8Config, ctx: Context) -> Contribution:
         """Check the hardware, the model's dimensions and the micro-batch; list the converted
         and the kept linear layers; state what is kept in which dtype."""
         run, world = ctx.run, ctx.world
+        if missing := missing_torchao():
+            raise ConfigError("precision.mxfp8", missing)
         if cfg.scale_calculation_mode not in SCALE_MODES:
             raise ConfigError(
                 "precision.mxfp8.scale_calculation_mode",
@@ -121,29 +99,15 @@ class MXFP8Precision(PrecisionPlugin):
                 f"(use precision=bf16, or a d_model divisible by {BLOCK_SIZE})",
             )
 
-        converted: list[LinearLayer] = []
-        kept: dict[str, list[LinearLayer]] = {}
-        for layer in ctx.linear_layers():
-            why = keep_reason(
-                layer.name, layer.in_features, layer.out_features, exclude=cfg.exclude, subclass=layer.subclass
-            )
-            if why is None:
-                converted.append(layer)
-            else:
-                kept.setdefault(why, []).append(layer)
-        if not converted:
-            raise ConfigError(
-                "precision.mxfp8",
-                "no linear layer of the model would be converted: "
-                + "; ".join(f"{_shown(v)}: {k}" for k, v in kept.items()),
-            )
-
+        converted, kept = split_planned(
+            ctx, exclude=cfg.exclude, multiple=BLOCK_SIZE, unit="the MX block size", section="precision.mxfp8"
+        )
         kernels = (
             "EMULATED: torchao quantizes and dequantizes each operand in software, then multiplies in high "
             "precision (slow; for checking numerics)"
             if cfg.emulate
             else "cuBLAS block-scaled FP8 GEMMs through OLMo-core Float8Config(ao_mx=AOMXLinearConfig("
-            "kernel_preference=auto, mxfp8_cast_kernel_choice=cuda, "
+            "kernel_preference=auto, mxfp8_cast_kernel_choice=triton, "
             f"scale_calculation_mode={cfg.scale_calculation_mode}))"
         )
         rows = [
@@ -154,9 +118,9 @@ class MXFP8Precision(PrecisionPlugin):
             ),
             ("hardware", hardware(world) + ("" if cc or world.device != "cuda" else ", checked on the worker")),
             ("kernels", kernels),
-            ("MXFP8 linear layers", f"{len(converted)}: {_shown(converted)}"),
+            ("MXFP8 linear layers", f"{len(converted)}: {shown(converted)}"),
         ]
-        rows += [(f"kept in {ctx.dtypes.param}", f"{_shown(v)}: {k}") for k, v in kept.items()]
+        rows += [(f"kept in {ctx.dtypes.param}", f"{shown(v)}: {k}") for k, v in kept.items()]
         rows += ctx.dtype_rows(compute_label="compute outside MXFP8 layers")
         rows.append(("tokens per micro-batch", f"{tokens} ({how}), a multiple of {BLOCK_SIZE}"))
         if cfg.emulate:

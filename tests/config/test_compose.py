@@ -18,7 +18,7 @@ def test_default_composes_to_the_embedded_run():
     run = typed()
     assert run.model.name == "tiny" and run.data.name == "stdlib"
     assert list(run.parallel) == ["ddp"] and run.layers == {}
-    assert run.precision_name == "fp32" and run.infra_name == "local"
+    assert run.precision_name == "auto" and run.infra_name == "local"
     assert run.infra["local"].nproc_per_node is None
 
 

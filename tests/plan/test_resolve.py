@@ -9,6 +9,7 @@ from olmx.plan import Plan
 from olmx.plan.resolve import padded_vocab, resolve
 from olmx.registry import registry
 from olmx.rundir import RunDir
+from olmx.worker.data import byte_corpus_tokens, cache_dir, stdlib_files
 
 
 def plan_for(*overrides: str) -> Plan:
@@ -25,6 +26,13 @@ def test_default_plan(tmp_path, monkeypatch):
     assert plan.batch.global_tokens == 16 * 256 and plan.vocab_size == 384
     assert plan.run_dir == str(tmp_path / "runs" / "20260102-030405-tiny")
     assert plan.resume_step is None
+    files = stdlib_files()
+    corpus = byte_corpus_tokens(files)  # one id per byte, one end-of-document id per file
+    assert dict(plan.sections["data"]) == {
+        "corpus": f"{len(files):,} file(s), {corpus:,} byte-level tokens, cached in {cache_dir(plan.run.data)}",
+        "sequences": f"{corpus // 256:,} x 256 tokens = {corpus // 256 // 16:,} steps per epoch",
+    }
+    assert "warnings" not in plan.sections  # 20 warm-up steps in a 200-step run
     assert list(tmp_path.iterdir()) == []
 
 
@@ -48,6 +56,7 @@ def test_resume_step_is_the_newest_complete_checkpoint(tmp_path):
         if complete:
             (d / ".metadata.json").write_text("{}")
     assert RunDir(run).latest_checkpoint() == 20
+    RunDir(run).claim()  # olmx's marker: a folder of someone else's would be refused
     assert plan_for(f"trainer.run_dir={run}").resume_step == 20
     assert plan_for(f"trainer.run_dir={run}", "trainer.resume=false").resume_step is None
 

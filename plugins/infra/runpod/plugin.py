@@ -237,6 +237,16 @@ class RunPodInfra(InfraPlugin):
             key = f"infra.{_SPEC_KEYS.get(exc.field, exc.field)}"
             raise ConfigError(key, str(exc).removeprefix(f"{exc.field}: ")) from None
 
+    def preflight(self, cfg: RunPodConfig, plan: Any) -> None:
+        """The API key is there (``RUNPOD_API_KEY`` or the key file), checked before the run
+        directory is written; it is read, never sent or shown. (``--dry-run`` needs no key.)"""
+        from olmx_plugins.infra.runpod.client import RunPodAuthError, _load_key
+
+        try:
+            _load_key(None)
+        except RunPodAuthError as exc:
+            raise ConfigError("infra=runpod", str(exc)) from None
+
     # -- dry run -----------------------------------------------------------------------------
 
     def dry_run(self, cfg: RunPodConfig, plan: Any) -> str:

@@ -394,6 +394,12 @@ class MoEExperts(nn.Module):
         :param tokens_per_expert: Rows per local expert, ``[num_local_experts]``, summing to ``M``.
         """
         w1, w2, w3 = (self._local_weight(w) for w in (self.w1, self.w2, self.w3))
+        if torch.is_autocast_enabled(x.device.type):
+            # Autocast casts nn.Linear/matmul operands but not grouped_mm's: do it here, so that
+            # experts compute in the dtype the dense layers do (grouped_mm's fast CUDA path needs
+            # 16-bit operands); weight gradients flow back to the float32 parameters.
+            dtype = torch.get_autocast_dtype(x.device.type)
+            w1, w2, w3 = w1.to(dtype), w2.to(dtype), w3.to(dtype)
         x = x.to(w1.dtype)
         h = F.silu(grouped_matmul(x, w1, tokens_per_expert)) * grouped_matmul(x, w3, tokens_per_expert)
         return grouped_matmul(h, w2, tokens_per_expert)

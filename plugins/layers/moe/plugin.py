@@ -21,6 +21,8 @@ maps them both ways.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -81,12 +83,21 @@ def expert_hidden(cfg: MoEConfig, model: Any) -> int:
     return cfg.hidden_size if cfg.hidden_size is not None else model.hidden_size
 
 
+def triton_interpreted() -> bool:
+    """``TRITON_INTERPRET=1``: Triton kernels run on CPU through Triton's interpreter (slow; for
+    numerics), so OLMo-core's MoE can run on a CPU run too."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def olmo_core_problem(cfg: MoEConfig, mesh: Mesh, world: World) -> Optional[str]:
     """Why OLMo-core's v1 MoE cannot run this layer on this mesh and world (None: it can)."""
-    if world.device != "cuda":
+    if world.device != "cuda" and triton_interpreted() and importlib.util.find_spec("triton") is None:
+        return "TRITON_INTERPRET=1 is set but triton is not installed (pip install triton)"
+    if world.device != "cuda" and not triton_interpreted():
         return (
             f"OLMo-core's MoE needs CUDA (its token permutation is Triton kernels) and this run's device is "
-            f"{world.device_name} ({world.device})"
+            f"{world.device_name} ({world.device}); TRITON_INTERPRET=1 runs them on CPU through Triton's "
+            "interpreter (slow; for numerics)"
         )
     if mesh.ep > 1 and not mesh.shards_params:
         return (
@@ -99,6 +110,17 @@ def olmo_core_problem(cfg: MoEConfig, mesh: Mesh, world: World) -> Optional[str]
             "OLMo-core's v1 MoE mixes a shared expert as shared/(k+1) + routed*k/(k+1), not as olmx's shared + routed"
         )
     return None
+
+
+def interpret_olmo_core_kernels() -> None:
+    """Under Triton's interpreter (a CPU run with ``TRITON_INTERPRET=1``): keep one config of
+    each autotuned OLMo-core MoE kernel, since the autotuner benchmarks its configs on a GPU."""
+    from olmo_core.kernels import moe as kernels
+    from triton.runtime.autotuner import Autotuner
+
+    for kernel in vars(kernels).values():
+        if isinstance(kernel, Autotuner):
+            kernel.configs = kernel.configs[:1]
 
 
 def choose_backend(cfg: MoEConfig, mesh: Mesh, world: World) -> tuple[str, str]:
@@ -118,6 +140,21 @@ def choose_backend(cfg: MoEConfig, mesh: Mesh, world: World) -> tuple[str, str]:
     return "portable", (
         "auto: OLMo-core's MoE could run here but is opt-in (layers.moe.backend=olmo_core) until "
         "olmx has checked it on a GPU"
+    )
+
+
+def expert_mixed_precision(plan: Any) -> Any:
+    """The experts' FSDP mixed-precision policy under expert parallelism: the plan's dtypes,
+    as the dense part gets them, where parameters are sharded (FSDP2 all-gathers the experts in
+    ``param``, reduces in ``reduce``); None elsewhere (replicated parameters: autocast, which
+    the experts' forward follows)."""
+    if not plan.mesh.shards_params or plan.dtypes == type(plan.dtypes)():
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(
+        param_dtype=getattr(torch, plan.dtypes.param), reduce_dtype=getattr(torch, plan.dtypes.reduce)
     )
 
 
@@ -247,6 +284,8 @@ class MoELayer(LayerPlugin):
         dense = model_config.block
         moe: Any = MoEBlockConfig.from_dense(dense, moe=self.moe_config(cfg, plan))
         if self.backend(plan) == "olmo_core":
+            if plan.world.device != "cuda":
+                interpret_olmo_core_kernels()
             moe = moe.to_olmo_core_v1()
             model_config = replace(model_config, name=TransformerType.moe)
         if cfg.blocks is not None:
@@ -269,7 +308,9 @@ class MoELayer(LayerPlugin):
 
         device = "cuda" if plan.world.device == "cuda" else "cpu"
         mesh = init_device_mesh(device, plan.mesh.expert_mesh_shape(), mesh_dim_names=("ep_replicate", "ep_shard"))
-        apply_expert_parallel(model, ep_mesh=mesh["ep_shard"], replicate_mesh=mesh["ep_replicate"])
+        apply_expert_parallel(
+            model, ep_mesh=mesh["ep_shard"], replicate_mesh=mesh["ep_replicate"], mp_policy=expert_mixed_precision(plan)
+        )
 
     def apply_train_module(self, cfg: MoEConfig, train_module: dict[str, Any], plan: Any) -> None:
         """On the olmo_core backend with ``mesh.ep > 1``: OLMo-core's own expert parallelism

@@ -1,4 +1,4 @@
-"""bf16 and emulated MXFP8 training through the real CLI (torchrun, gloo, OLMo-core Trainer),
+"""bf16, emulated MXFP8 and emulated FP8 training through the real CLI (torchrun, gloo, OLMo-core Trainer),
 each compared with a float32 run of the same model, data and seed."""
 
 from __future__ import annotations
@@ -106,3 +106,23 @@ def test_emulated_mxfp8_composes_with_layer_plugins_and_parallel_strategies(
     assert f"MXFP8 (emulated): {converted} linear layers converted" in log
     assert len(losses) == 8 and losses != reference
     assert max_rel_diff(losses, reference) < 0.02
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_emulated_fp8_with_ddp_tracks_fp32(tmp_path, cache, fp32, recipe):
+    """torchao's float8 recipes, emulated on 2 processes: the planned layers convert and the
+    first 15 steps of the 50-step schedule stay within 1% of float32 on 1 process."""
+    losses, log = train(
+        tmp_path,
+        cache,
+        50,
+        *TWO,
+        "parallel=[ddp]",
+        "precision=fp8",
+        f"precision.fp8.recipe={recipe}",
+        "precision.fp8.emulate=true",
+        "trainer.stop_at_step=15",
+    )
+    assert f"FP8 ({recipe}, emulated): 14 linear layers converted" in log
+    assert len(losses) == 15 and losses != fp32[:15]
+    assert max_rel_diff(losses, fp32[:15]) < 0.01

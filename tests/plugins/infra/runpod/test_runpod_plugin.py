@@ -21,6 +21,7 @@ from olmx.config.compose import compose, to_object
 from olmx.errors import ConfigError
 from olmx.plan.resolve import resolve
 from olmx.registry import registry
+from olmx.rundir import RunDir
 from olmx_plugins.infra.runpod import remote as rm
 from olmx_plugins.infra.runpod.plugin import RUNPOD, RunPodConfig, pinned_requirements
 
@@ -132,6 +133,7 @@ def test_shipped_bundle_holds_the_pods_plan_the_source_and_the_resume_checkpoint
     (step / ".metadata.json").write_text("{}")
     (step / "__0_0.distcp").write_bytes(b"shard")
     (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 6}\n')
+    RunDir(tmp_path / "run").claim()  # a run directory of olmx's (the marker), as a real run leaves it
     plan = plan_for(tmp_path, *GPU8, "infra.install=false")
     assert plan.resume_step == 6
     names = _names(RUNPOD._bundle(plan, plan.infra))
@@ -323,8 +325,8 @@ def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_p
 ) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    (corpus / "b.txt").write_text("second file " * 100)
-    (corpus / "a.txt").write_text("first file " * 100)
+    (corpus / "b.txt").write_text("second file " * 200)  # enough bytes for one step of 16 x 256 tokens
+    (corpus / "a.txt").write_text("first file " * 200)
     plan = plan_for(
         tmp_path,
         "infra.gpus_per_node=0",

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from olmx.cli import app
+from olmx.rundir import RunDir
 from tests.conftest import olmx_cli
 
 TINY = [
@@ -74,7 +75,8 @@ def test_refusals(tmp_path, monkeypatch, args, field, text):
 
 def test_experiments_resolve(tmp_path, monkeypatch):
     assert dry_run(tmp_path, monkeypatch, "experiment=engram_tiny").exit_code == 0
-    (tmp_path / "tokens.npy").write_bytes(b"\0" * 64)
+    with open(tmp_path / "tokens.npy", "wb") as f:  # one step of engram_3p5b: 32 x 4096 uint32 ids (sparse)
+        f.truncate(4 * 32 * 4096)
     out = dry_run(tmp_path, monkeypatch, "experiment=engram_3p5b", f"data.paths=[{tmp_path}/tokens.npy]")
     assert out.exit_code == 0, out.stderr
     total = int(
@@ -165,6 +167,7 @@ def test_sharded_checkpoint_resumes_exactly_and_onto_one_process(tmp_path, shard
     same, one = tmp_path / "same", tmp_path / "one"
     for run_dir in (same, one):
         shutil.copytree(step3, run_dir / "checkpoints" / "step3")
+        RunDir(run_dir).claim()  # a run directory of olmx's, holding a copy of the checkpoint
     assert train(same, *SHARDED_1D) == whole_losses[3:]
     assert_states_equal(checkpoint(same / "checkpoints" / "step6")[0], whole, rtol=0, atol=0)
 

@@ -280,3 +280,23 @@ def test_package_import_is_light():
         "assert 'MoEBlockConfig' in m.__all__"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_experts_compute_in_the_autocast_dtype_and_keep_float32_gradients():
+    """Under autocast (precision=bf16 without sharded parameters) the experts' grouped matmuls
+    take bfloat16 operands, as autocast gives nn.Linear (grouped_mm's fast CUDA path needs
+    them); the parameters and their gradients stay float32."""
+    from olmx_plugins.layers.moe.modules import MoEExperts
+
+    torch.manual_seed(0)
+    experts = MoEExperts(4, 32, 64)
+    x, counts = torch.randn(16, 32), torch.tensor([4, 4, 4, 4])
+    ref = experts(x, counts)
+    (ref_grad,) = torch.autograd.grad(ref.square().sum(), experts.w1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = experts(x, counts)
+    assert out.dtype == torch.bfloat16 and experts.w1.dtype == torch.float32
+    (grad,) = torch.autograd.grad(out.float().square().sum(), experts.w1)
+    assert grad.dtype == torch.float32
+    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.02)
+    torch.testing.assert_close(grad, ref_grad, rtol=0.1, atol=0.05 * ref_grad.abs().max().item())

@@ -1,0 +1,133 @@
+"""FP8 linear layers for Hopper and Ada (SM89/SM90): torchao float8 training through OLMo-core's Float8Config.
+
+Each converted ``nn.Linear`` runs its three GEMMs (output, input gradient, weight gradient) in
+FP8 through ``torch._scaled_mm``: operands are scaled into E4M3 (E5M2 for gradients where the
+recipe says so) and the products accumulate in higher precision. The recipes are torchao's
+(``torchao.float8.Float8LinearRecipeName``, OLMo-core's ``AOFloat8LinearRecipe``):
+
+* ``tensorwise``: one dynamic scale per tensor (amax / E4M3's largest value). Compute
+  capability 8.9+ (L40S, L4, H100, H200), the fastest recipe;
+* ``rowwise``: one scale per row of each operand, more robust to outliers. 9.0+ (H100/H200);
+* ``rowwise_with_gw_hp``: rowwise, with the weight gradient in high precision. 9.0+.
+
+Which layers: every plain ``nn.Linear`` whose dimensions are multiples of 16 (``_scaled_mm``'s
+alignment, OLMo-core's filter), except the output head, MoE routers and Engram's layers (the
+same rule and list as ``mxfp8``: :func:`olmx_plugins.precision.lowp.keep_reason`). The tokens a
+linear layer sees per micro-batch must be a multiple of 16 too (the weight-gradient GEMM
+contracts over them). The rest of the model runs in ``param_dtype`` as under ``bf16``.
+Without ``torch.compile`` float8 is slower than bf16 (its casts run as separate kernels):
+``trainer.compile=auto`` turns compile on with CUDA.
+
+``emulate=true`` runs torchao's emulation (the same scaling, matmuls in high precision) on any
+device, this CPU included: for numerics, not speed. The conversion edits the built model
+before any parallelism, where OLMo-core's ``parallelize_model`` applies ``float8_config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from olmx.api import Context, Contribution, Dtypes, Mesh, PrecisionPlugin, World
+from olmx.errors import ConfigError
+from olmx_plugins.precision.lowp import hardware, missing_torchao, rest_dtypes, shown, split_planned
+
+#: Recipe -> the compute capability its scaled GEMMs need.
+RECIPES: dict[str, tuple[int, int]] = {"tensorwise": (8, 9), "rowwise": (9, 0), "rowwise_with_gw_hp": (9, 0)}
+#: ``torch._scaled_mm`` needs every GEMM dimension to be a multiple of this.
+ALIGNMENT = 16
+
+
+@dataclass
+class FP8Config:
+    """Settings of ``fp8``."""
+
+    #: torchao float8 recipe: ``tensorwise`` (SM89+), ``rowwise`` or ``rowwise_with_gw_hp`` (SM90+).
+    recipe: str = "tensorwise"
+    #: Run torchao's emulation (same scaling, high-precision matmuls) on any device, this CPU
+    #: included: for checking numerics, not for speed.
+    emulate: bool = False
+    #: dtype of everything that is not an FP8 linear layer, as ``precision.bf16.param_dtype``;
+    #: null: bfloat16, except float32 on CPU where parameters are not sharded.
+    param_dtype: Optional[str] = None
+    #: dtype of the gradient reduction, as ``precision.bf16.reduce_dtype``.
+    reduce_dtype: str = "float32"
+    #: More module-name patterns (fnmatch on names such as ``blocks.0.attention.w_q``) to keep
+    #: in high precision, besides the output head, MoE routers and Engram.
+    exclude: list[str] = field(default_factory=list)
+
+
+class FP8Precision(PrecisionPlugin):
+    """torchao float8 linear layers (tensorwise / rowwise) through OLMo-core's Float8Config."""
+
+    name = "fp8"
+    description = __doc__.splitlines()[0]
+    api = ">=2.0,<3"
+    Config = FP8Config
+
+    def dtypes(self, cfg: FP8Config, run: Any, world: World, mesh: Mesh) -> Dtypes:
+        """The dtypes of everything that is not an FP8 linear layer (:func:`.lowp.rest_dtypes`)."""
+        return rest_dtypes(cfg.param_dtype, cfg.reduce_dtype, world=world, mesh=mesh, section="precision.fp8")
+
+    def resolve(self, cfg: FP8Config, ctx: Context) -> Contribution:
+        """Check the recipe against the hardware and the model's dimensions; list the converted
+        and the kept linear layers; the layers' ``[in, out]`` names the plan and the worker agree on."""
+        if missing := missing_torchao():
+            raise ConfigError("precision.fp8", missing)
+        if cfg.recipe not in RECIPES:
+            raise ConfigError("precision.fp8.recipe", f"'{cfg.recipe}' is not one of {', '.join(RECIPES)}")
+        need, world = RECIPES[cfg.recipe], ctx.world
+        cc = world.compute_capability
+        native = world.device == "cuda" and (cc is None or cc >= need)
+        if not native and not cfg.emulate:
+            raise ConfigError(
+                "precision.fp8",
+                f"the {cfg.recipe} recipe needs an NVIDIA GPU with compute capability {need[0]}.{need[1]} or newer "
+                f"(FP8 tensor cores: {'L40S, L4, ' if need < (9, 0) else ''}H100, H200, B200); "
+                f"found {hardware(world)}. "
+                "Use precision=bf16, another recipe, or precision.fp8.emulate=true for torchao's emulation",
+            )
+        tokens, how = ctx.tokens_per_rank()
+        if tokens % ALIGNMENT:
+            raise ConfigError(
+                "trainer.micro_batch_size",
+                f"FP8's weight-gradient GEMM contracts over the tokens of a micro-batch, which must be a multiple "
+                f"of {ALIGNMENT}: {how} = {tokens} tokens",
+            )
+        converted, kept = split_planned(
+            ctx, exclude=cfg.exclude, multiple=ALIGNMENT, unit="FP8's alignment", section="precision.fp8"
+        )
+        kernels = (
+            "EMULATED: torchao scales and casts each operand, then multiplies in high precision (slow; "
+            "for checking numerics)"
+            if cfg.emulate
+            else f"torch._scaled_mm FP8 GEMMs through OLMo-core Float8Config(ao_recipe={cfg.recipe})"
+        )
+        rows = [
+            (
+                "recipe",
+                f"{cfg.recipe}: E4M3 operands, "
+                + ("one scale per tensor" if cfg.recipe == "tensorwise" else "one scale per row")
+                + (", weight gradient in high precision" if cfg.recipe == "rowwise_with_gw_hp" else ""),
+            ),
+            ("hardware", hardware(world) + ("" if cc or world.device != "cuda" else ", checked on the worker")),
+            ("kernels", kernels),
+            ("FP8 linear layers", f"{len(converted)}: {shown(converted)}"),
+            *((f"kept in {ctx.dtypes.param}", f"{shown(v)}: {k}") for k, v in kept.items()),
+            *ctx.dtype_rows(compute_label="compute outside FP8 layers"),
+            ("tokens per micro-batch", f"{tokens} ({how}), a multiple of {ALIGNMENT}"),
+        ]
+        if not cfg.emulate and not ctx.run.trainer.compile == "false" and world.device == "cuda":
+            rows.append(("note", "float8 needs torch.compile to be faster than bf16 (trainer.compile=auto is on)"))
+        if cfg.emulate:
+            rows.append(("warning", "emulated FP8 is slow: use it to check numerics, not to train for speed"))
+        return Contribution(rows=rows, decisions={"convert": sorted(layer.name for layer in converted)})
+
+    def apply_model(self, cfg: FP8Config, model: Any, plan: Any) -> None:
+        """Convert the planned linear layers to torchao ``Float8Linear`` (before any parallelism)."""
+        from olmx_plugins.precision.float8 import apply_float8
+
+        apply_float8(model, recipe=cfg.recipe, convert=self.decided(plan)["convert"], emulate=cfg.emulate)
+
+
+FP8 = FP8Precision()

@@ -1,0 +1,153 @@
+"""The torch-free rules of the low-precision linear-layer plugins (``mxfp8``, ``fp8``): which
+linear layers stay in high precision, the dtypes of the rest, how the plan shows them, and
+MXFP8's settings. Shared by the plans (:mod:`.mxfp8`, :mod:`.fp8`) and the conversions of the
+built model (:mod:`.mx`, :mod:`.float8`), so that what the plan lists is what the worker converts."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from olmx.api import Context, Dtypes, Mesh, World
+from olmx.errors import ConfigError
+
+if TYPE_CHECKING:
+    from olmx.plan.linears import LinearLayer
+
+#: Elements sharing one E8M0 scale (OCP MX v1.0).
+BLOCK_SIZE = 32
+#: Compute capability from which MX block-scaled FP8 tensor cores exist (Blackwell: B200, GB200, B300).
+MIN_COMPUTE_CAPABILITY = (10, 0)
+SCALE_MODES = ("rceil", "floor")
+#: Module-name patterns (fnmatch, on fully-qualified names) kept in high precision, and why.
+KEEP: tuple[tuple[str, str], ...] = (
+    ("lm_head.*", "output head: its logits feed the softmax and loss (OLMo-core never converts it)"),
+    ("*router*", "MoE router: small score errors flip the top-k expert choice"),
+    ("*engram*", "Engram table lookups and projections"),
+)
+
+
+@dataclass
+class MXFP8Config:
+    """Settings of ``mxfp8``."""
+
+    #: Run torchao's emulated MX recipe (quantize, dequantize, high-precision matmul) instead
+    #: of SM100 kernels: the same numerics on any device, this CPU included, but slow (about
+    #: 2.6x fp32 on a CPU, far slower than bf16 on a GPU). For checking numerics, not for speed.
+    emulate: bool = False
+    #: How each block's E8M0 scale is chosen: ``rceil`` (2^ceil(log2(amax/448)), no element
+    #: saturates; NVIDIA cuBLAS, OLMo-core's standard recipe) or ``floor`` (OCP's basic rule;
+    #: saturates the largest elements of a block).
+    scale_calculation_mode: str = "rceil"
+    #: dtype of everything that is not an MX linear layer, as ``precision.bf16.param_dtype``
+    #: (FSDP all-gather dtype, else autocast). null: bfloat16, except float32 on CPU without
+    #: fsdp/hsdp (torchao 0.15's MXLinear follows CUDA autocast only).
+    param_dtype: str | None = None
+    #: dtype of the gradient reduction, as ``precision.bf16.reduce_dtype``.
+    reduce_dtype: str = "float32"
+    #: More module-name patterns (fnmatch on names such as ``blocks.0.attention.w_q``) to keep
+    #: in high precision, besides the output head, MoE routers and Engram.
+    exclude: list[str] = field(default_factory=list)
+
+
+def keep_reason(
+    name: str,
+    in_features: int,
+    out_features: int,
+    *,
+    exclude: list[str] | tuple[str, ...] = (),
+    subclass: bool = False,
+    multiple: int = BLOCK_SIZE,
+    unit: str = "the MX block size",
+    section: str = "precision.mxfp8",
+) -> str | None:
+    """Why the linear layer ``name`` stays in high precision, or None if it is converted (its
+    dimensions must be multiples of ``multiple``). The one rule, used by the plans (torch-free)
+    and by the conversions of the built model."""
+    for pattern in exclude:
+        if fnmatch.fnmatchcase(name, pattern):
+            return f"{section}.exclude matches '{pattern}'"
+    for pattern, reason in KEEP:
+        if fnmatch.fnmatchcase(name, pattern):
+            return reason
+    if subclass:
+        return "nn.Linear subclass: torchao converts by replacing the class, dropping its own methods"
+    bad = [f"{key}={n}" for key, n in (("in_features", in_features), ("out_features", out_features)) if n % multiple]
+    if bad:
+        return f"{', '.join(bad)} not a multiple of {unit} {multiple}"
+    return None
+
+
+def missing_torchao() -> str | None:
+    """Why the low-precision plugins cannot run here (torchao not installed), or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return "needs torchao, which is not installed: pip install 'olmx[mxfp8]' (torchao==0.15.0)"
+    return None
+
+
+def hardware(world: World) -> str:
+    """The device as the plans and the refusals name it."""
+    if world.device == "cpu":
+        return "CPU only (no CUDA GPU)"
+    cc = world.compute_capability
+    return f"{world.device_name} (compute capability {'.'.join(map(str, cc)) if cc else 'unknown'})"
+
+
+def shown(layers: list[LinearLayer]) -> str:
+    """Layer names, those repeated over blocks folded into ``blocks.*.name (xN)``."""
+    groups: dict[str, list[str]] = {}
+    for layer in layers:
+        parts = layer.name.split(".")
+        key = ".".join(["blocks", "*", *parts[2:]]) if parts[0] == "blocks" and len(parts) > 2 else layer.name
+        groups.setdefault(key, []).append(layer.name)
+    return ", ".join(f"{key} (x{len(names)})" if len(names) > 1 else names[0] for key, names in groups.items())
+
+
+def rest_dtypes(param_dtype: str | None, reduce_dtype: str, *, world: World, mesh: Mesh, section: str) -> Dtypes:
+    """The dtypes of everything a low-precision plugin does not convert: ``param_dtype``, whose
+    null default is bfloat16, except float32 on CPU where parameters are not sharded (there
+    bfloat16 would mean CPU autocast, which torchao 0.15's MXLinear and Float8Linear ignore:
+    they follow CUDA autocast only)."""
+    param = param_dtype or ("float32" if world.device == "cpu" and not mesh.shards_params else "bfloat16")
+    if world.device == "cpu" and param == "bfloat16" and not mesh.shards_params:
+        raise ConfigError(
+            f"{section}.param_dtype",
+            "bfloat16 without a data-parallel strategy that shards parameters (parallel=[fsdp] or [hsdp]) means "
+            "CPU autocast, which torchao 0.15's low-precision linear layers ignore (they follow CUDA autocast only), "
+            f"so bfloat16 activations would meet float32 weights; set {section}.param_dtype=float32 or use fsdp",
+        )
+    return Dtypes(param=param, reduce=reduce_dtype)
+
+
+def split_planned(
+    ctx: Context, *, exclude: list[str], multiple: int, unit: str, section: str
+) -> tuple[list[LinearLayer], dict[str, list[LinearLayer]]]:
+    """The model's linear layers (as the plan sees them) that are converted, and the kept ones
+    by reason; ConfigError when none would be converted."""
+    converted: list[LinearLayer] = []
+    kept: dict[str, list[LinearLayer]] = {}
+    for layer in ctx.linear_layers():
+        why = keep_reason(
+            layer.name,
+            layer.in_features,
+            layer.out_features,
+            exclude=exclude,
+            subclass=layer.subclass,
+            multiple=multiple,
+            unit=unit,
+            section=section,
+        )
+        if why is None:
+            converted.append(layer)
+        else:
+            kept.setdefault(why, []).append(layer)
+    if not converted:
+        raise ConfigError(
+            section,
+            "no linear layer of the model would be converted: "
+            + "; ".join(f"{shown(v)}: {k}" for k, v in kept.items()),
+        )
+    return converted, kept
