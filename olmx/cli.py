@@ -303,7 +303,8 @@ def plugins_show(
     prefix = f"{group}." if entry.kind == "infra" else f"{group}.{name}."
     out.print(f"[bold]{name}[/] ({entry.kind}, {entry.dist} {entry.version}): {plugin.description}")
     out.print(
-        f"select with: {group}={name}" if entry.kind in ("infra", "precision") else f"select with: {group}=[{name}]"
+        f"select with: {group}={name}" if entry.kind in ("infra", "precision") else f"select with: {group}=[{name}]",
+        markup=False,  # "[fsdp]" is not a rich style
     )
     table = Table(show_lines=False)
     for col in ("key", "type", "default", "description"):

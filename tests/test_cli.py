@@ -59,6 +59,10 @@ def test_plugins_show_prints_schema_with_docs():
     out = olmx_cli("plugins", "show", "fsdp").stdout
     assert "parallel.fsdp.wrapping_strategy" in out and "'full'" in out
     assert "OLMo-core wrapping strategy" in out
+    assert "select with: parallel=[fsdp]" in out
+    # hsdp's config extends fsdp's: the inherited fields keep their documentation
+    hsdp = olmx_cli("plugins", "show", "hsdp").stdout
+    assert "OLMo-core wrapping strategy" in hsdp and "Ranks a parameter is sharded over" in hsdp
     missing = olmx_cli("plugins", "show", "zero3")
     assert missing.returncode == 2 and "no plugin named 'zero3'" in missing.stderr
 

@@ -11,7 +11,17 @@ _FIELD = re.compile(r"^\s+(\w+)\s*:")
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """``{field: text of the #: comment lines above it}`` for a dataclass."""
+    """``{field: text of the #: comment lines above it}`` for a dataclass, inherited fields
+    included (a subclass's comment wins)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object:
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """The ``#:`` comments of the fields ``cls``'s own source defines."""
     try:
         lines, _ = inspect.getsourcelines(cls)
     except (OSError, TypeError):
