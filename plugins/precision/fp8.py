@@ -25,12 +25,19 @@ before any parallelism, where OLMo-core's ``parallelize_model`` applies ``float8
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any
 
 from olmx.api import Context, Contribution, Dtypes, Mesh, PrecisionPlugin, World
 from olmx.errors import ConfigError
-from olmx_plugins.precision.lowp import hardware, missing_torchao, rest_dtypes, shown, split_planned
+from olmx_plugins.precision.lowp import (
+    LowPrecisionConfig,
+    hardware,
+    missing_torchao,
+    rest_dtypes,
+    shown,
+    split_planned,
+)
 
 #: Recipe -> the compute capability its scaled GEMMs need.
 RECIPES: dict[str, tuple[int, int]] = {"tensorwise": (8, 9), "rowwise": (9, 0), "rowwise_with_gw_hp": (9, 0)}
@@ -39,22 +46,11 @@ ALIGNMENT = 16
 
 
 @dataclass
-class FP8Config:
+class FP8Config(LowPrecisionConfig):
     """Settings of ``fp8``."""
 
     #: torchao float8 recipe: ``tensorwise`` (SM89+), ``rowwise`` or ``rowwise_with_gw_hp`` (SM90+).
     recipe: str = "tensorwise"
-    #: Run torchao's emulation (same scaling, high-precision matmuls) on any device, this CPU
-    #: included: for checking numerics, not for speed.
-    emulate: bool = False
-    #: dtype of everything that is not an FP8 linear layer, as ``precision.bf16.param_dtype``;
-    #: null: bfloat16, except float32 on CPU where parameters are not sharded.
-    param_dtype: Optional[str] = None
-    #: dtype of the gradient reduction, as ``precision.bf16.reduce_dtype``.
-    reduce_dtype: str = "float32"
-    #: More module-name patterns (fnmatch on names such as ``blocks.0.attention.w_q``) to keep
-    #: in high precision, besides the output head, MoE routers and Engram.
-    exclude: list[str] = field(default_factory=list)
 
 
 class FP8Precision(PrecisionPlugin):

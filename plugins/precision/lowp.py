@@ -29,26 +29,32 @@ KEEP: tuple[tuple[str, str], ...] = (
 
 
 @dataclass
-class MXFP8Config:
-    """Settings of ``mxfp8``."""
+class LowPrecisionConfig:
+    """Settings every low-precision linear-layer plugin has (``mxfp8``, ``fp8``)."""
 
-    #: Run torchao's emulated MX recipe (quantize, dequantize, high-precision matmul) instead
-    #: of SM100 kernels: the same numerics on any device, this CPU included, but slow (about
-    #: 2.6x fp32 on a CPU, far slower than bf16 on a GPU). For checking numerics, not for speed.
+    #: Run torchao's emulation (the same quantization, high-precision matmuls) instead of the
+    #: GPU kernels: the same numerics on any device, this CPU included, but slow. For checking
+    #: numerics, not for speed.
     emulate: bool = False
-    #: How each block's E8M0 scale is chosen: ``rceil`` (2^ceil(log2(amax/448)), no element
-    #: saturates; NVIDIA cuBLAS, OLMo-core's standard recipe) or ``floor`` (OCP's basic rule;
-    #: saturates the largest elements of a block).
-    scale_calculation_mode: str = "rceil"
-    #: dtype of everything that is not an MX linear layer, as ``precision.bf16.param_dtype``
-    #: (FSDP all-gather dtype, else autocast). null: bfloat16, except float32 on CPU without
-    #: fsdp/hsdp (torchao 0.15's MXLinear follows CUDA autocast only).
+    #: dtype of everything that is not a converted linear layer, as ``precision.bf16.param_dtype``
+    #: (FSDP all-gather dtype, else autocast). null: bfloat16, except float32 on CPU where
+    #: parameters are not sharded (torchao 0.15's layers follow CUDA autocast only).
     param_dtype: str | None = None
     #: dtype of the gradient reduction, as ``precision.bf16.reduce_dtype``.
     reduce_dtype: str = "float32"
     #: More module-name patterns (fnmatch on names such as ``blocks.0.attention.w_q``) to keep
     #: in high precision, besides the output head, MoE routers and Engram.
     exclude: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MXFP8Config(LowPrecisionConfig):
+    """Settings of ``mxfp8`` (emulated: about 2.6x fp32 on a CPU, far slower than bf16 on a GPU)."""
+
+    #: How each block's E8M0 scale is chosen: ``rceil`` (2^ceil(log2(amax/448)), no element
+    #: saturates; NVIDIA cuBLAS, OLMo-core's standard recipe) or ``floor`` (OCP's basic rule;
+    #: saturates the largest elements of a block).
+    scale_calculation_mode: str = "rceil"
 
 
 def keep_reason(
