@@ -44,6 +44,7 @@ from olmx.errors import ConfigError, LaunchError
 if TYPE_CHECKING:
     from olmx.config.schema import RunConfig
     from olmx.plan import Plan
+    from olmx.plan.execution import Execution
     from olmx.plan.linears import LinearLayer
 
 #: Plugin kind -> entry-point group.
@@ -233,6 +234,8 @@ class Context:
     vocab_size: int
     #: ``(plugin, cfg)`` of the run's layer plugins in the order they edit the model.
     layers: tuple[tuple[LayerPlugin, Any], ...] = ()
+    #: The plan's execution decisions (attention rule, ``torch.compile``, metrics cadence).
+    execution: Execution | None = None
 
     def linear_layers(self) -> list[LinearLayer]:
         """The ``nn.Linear`` layers the built model will have (dense model, edited by every

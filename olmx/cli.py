@@ -86,9 +86,10 @@ def train(
 
     rd = RunDir(plan.run_dir)
     if plan.resume_step is not None:
-        notes = check_resume(plan)  # before anything is written: a refusal leaves plan.yaml as it was
+        from olmx.plan.resume import resume_notes
+
         out.print(f"[bold green]Resuming[/] from the checkpoint at step {plan.resume_step} in {plan.run_dir}")
-        for note in notes:
+        for note in resume_notes(plan):
             out.print(note, markup=False)
     elif not run.trainer.resume and rd.has_checkpoints():
         out.print(
@@ -113,69 +114,6 @@ def train(
             lock.release()
     if rc:
         raise typer.Exit(rc)
-
-
-#: Sections of the config a checkpoint was trained with that must match to resume from it
-#: (the model's shape and the layers in it, the data and its order), and keys of them that may
-#: change (they do not change what is trained).
-RESUME_SECTIONS = ("model", "data", "layers")
-RESUME_FREE_KEYS = ("data.cache_dir", "data.num_workers")
-
-
-def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: old -> new`` for every key of :data:`RESUME_SECTIONS` whose value differs between
-    two plain run configs (keys one side does not have are a schema change, not a difference;
-    a layer added or removed is one)."""
-
-    def flat(value: Any, prefix: str) -> dict[str, Any]:
-        if isinstance(value, dict):
-            items: dict[str, Any] = {}
-            for k, v in value.items():
-                items.update(flat(v, f"{prefix}.{k}"))
-            return items
-        return {prefix: value}
-
-    out = []
-    for section in RESUME_SECTIONS:
-        old, cur = saved.get(section) or {}, new.get(section) or {}
-        if section == "layers" and set(old) != set(cur):
-            out.append(f"layers: [{','.join(old)}] -> [{','.join(cur)}]")
-            continue
-        a, b = flat(old, section), flat(cur, section)
-        for key in sorted(a.keys() & b.keys()):
-            if a[key] != b[key] and key not in RESUME_FREE_KEYS:
-                out.append(f"{key}: {a[key]!r} -> {b[key]!r}")
-    return out
-
-
-def check_resume(plan: Any) -> list[str]:
-    """Before resuming: :class:`ConfigError` (``trainer.resume``) when the saved plan's model,
-    layers or data differ from the new plan's (the checkpoint could not be loaded, or would be
-    trained on other data); lines to print about what does change (``trainer.max_steps``)."""
-    from olmx.errors import ConfigError
-    from olmx.plan.codec import run_to_data
-    from olmx.rundir import RunDir
-
-    saved = RunDir(plan.run_dir).saved_config()
-    if saved is None:
-        return []
-    differences = config_differences(saved, run_to_data(plan.run))
-    if differences:
-        raise ConfigError(
-            "trainer.resume",
-            f"the checkpoint at step {plan.resume_step} in {plan.run_dir} was trained with another config "
-            f"({'; '.join(differences)}). Resume with the same settings, start this directory over with "
-            f"trainer.resume=false (its checkpoints are moved aside, not deleted), or choose a new trainer.run_dir",
-        )
-    t = plan.run.trainer
-    old_max = (saved.get("trainer") or {}).get("max_steps")
-    if old_max is None or old_max == t.max_steps:
-        return []
-    return [
-        f"trainer.max_steps {old_max} -> {t.max_steps}: the learning-rate schedule ({t.schedule}, "
-        f"{t.warmup_steps} warm-up steps) is rebuilt for {t.max_steps} steps and continues at step "
-        f"{plan.resume_step + 1} where the new schedule is; the steps already trained are not replayed"
-    ]
 
 
 def end_of_run_report(run_dir: Path | str) -> None:

@@ -173,6 +173,9 @@ def test_sighup_fresh_start_cancel_and_a_changed_model_on_resume(tmp_path, cache
     assert "trainer.resume: the checkpoint at step 2" in message and "model.d_model: 64 -> 128" in message
     assert "trainer.resume=false" in message and "Traceback" not in changed.stderr
     assert (run / "plan.yaml").read_bytes() == plan_before and not (run / LOCK_FILE).exists()
+    # The plan itself refuses it, so --dry-run says so too.
+    planned = olmx_cli("train", *SMALL, f"trainer.run_dir={run}", *steps, "model.d_model=128", "--dry-run", env=cache)
+    assert planned.returncode == 2 and "model.d_model: 64 -> 128" in " ".join(planned.stderr.split())
 
     # trainer.resume=false moves the checkpoints aside and says where; olmx jobs cancel stops it.
     fresh = start(run, cache, *steps, "trainer.resume=false", faults="hold@1:0")

@@ -19,6 +19,7 @@ from olmx.config.schema import ModelConfig, RunConfig
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan import BatchPlan, ParamCounts, Plan
 from olmx.plan.execution import resolve_execution
+from olmx.plan.resume import check_resume
 from olmx.registry import Registry
 from olmx.rundir import RunDir
 
@@ -71,7 +72,8 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
 
     ctx = context(run, world, reg)
     mesh, dtypes, vocab = ctx.mesh, ctx.dtypes, ctx.vocab_size
-    execution = resolve_execution(run, world, dtypes)
+    assert ctx.execution is not None
+    execution = ctx.execution
     contributions: dict[str, Contribution] = {}
     for plugin, cfg in plugins_in_order(run, reg):
         contributions[plugin.section] = plugin.resolve(cfg, ctx)
@@ -106,6 +108,8 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
 
     run_dir = _run_dir(run, now or datetime.now())
     resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
+    if resume_step is not None:
+        check_resume(run, run_dir, resume_step)
     return Plan(
         run=run,
         world=world,
@@ -144,6 +148,7 @@ def context(run: RunConfig, world: World, reg: Registry) -> Context:
         dtypes=dtypes,
         vocab_size=padded_vocab(run.data.tokenizer.vocab_size),
         layers=layers,
+        execution=resolve_execution(run, world, dtypes),
     )
     if mesh.ep > 1:
         _check_experts(ctx, reg)

@@ -11,8 +11,8 @@ from olmx.rundir import RunDir
 
 def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
     """Keyword arguments of OLMo-core's ``TransformerTrainModuleConfig``: the core's settings
-    (optimizer, schedule, clipping, the plan's dtypes), then every plugin's
-    ``apply_train_module`` in :data:`olmx.api.KIND_ORDER`."""
+    (optimizer, schedule, clipping), every plugin's ``apply_train_module`` in
+    :data:`olmx.api.KIND_ORDER`, then the plan's dtypes on the ``dp_config`` they set."""
     from olmo_core.optim import AdamWConfig, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup, OptimGroupOverride
 
     from olmx.plan.resolve import plugins_in_order
@@ -44,8 +44,7 @@ def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
         kwargs["ac_config"] = activation_checkpointing_config(t.activation_checkpointing)
     for plugin, cfg in plugins_in_order(plan.run, reg):
         plugin.apply_train_module(cfg, kwargs, plan)
-        if plugin.kind == "precision":  # the plan's dtypes, on whatever dp_config parallel plugins set
-            apply_dtypes(plan, kwargs)
+    apply_dtypes(plan, kwargs)  # the plan's dtypes, on whatever dp_config the parallel plugins set
     return kwargs
 
 

@@ -113,8 +113,8 @@ class FP8Precision(PrecisionPlugin):
             *ctx.dtype_rows(compute_label="compute outside FP8 layers"),
             ("tokens per micro-batch", f"{tokens} ({how}), a multiple of {ALIGNMENT}"),
         ]
-        if not cfg.emulate and not ctx.run.trainer.compile == "false" and world.device == "cuda":
-            rows.append(("note", "float8 needs torch.compile to be faster than bf16 (trainer.compile=auto is on)"))
+        if not cfg.emulate and ctx.execution is not None and ctx.execution.compile:
+            rows.append(("note", "float8 needs torch.compile to be faster than bf16: torch.compile is on for this run"))
         if cfg.emulate:
             rows.append(("warning", "emulated FP8 is slow: use it to check numerics, not to train for speed"))
         return Contribution(rows=rows, decisions={"convert": sorted(layer.name for layer in converted)})
