@@ -260,7 +260,7 @@ def plugins_new(
     directory: Optional[Path] = typer.Option(None, "--dir", help="Where to write the package (default ./olmx-NAME)."),
 ) -> None:
     """Write a complete, installable plugin package skeleton (with a passing test)."""
-    from olmx.plugin_tools import new_plugin
+    from olmx.plugin_tools.scaffold import new_plugin
 
     path = new_plugin(name, kind=kind, directory=directory)
     out.print(f"wrote {path}; next: pip install -e {path} && olmx plugins list", markup=False)
@@ -272,7 +272,7 @@ def plugins_check(
     target: str = typer.Argument(..., help="A source tree, a wheel, or an installed distribution name."),
 ) -> None:
     """Check a plugin package's entry points and objects without installing it (exit 0 only if all pass)."""
-    from olmx.plugin_tools import check_plugin
+    from olmx.plugin_tools.check import check_plugin
 
     problems = check_plugin(target, console=out)
     if problems:

@@ -16,7 +16,9 @@ import pytest
 
 from olmx.config.search_path import conf_search_paths, with_conf_search_paths
 from olmx.errors import ConfigError
-from olmx.plugin_tools import check_plugin, entry_point_toml, new_plugin, plugin_names
+from olmx.plugin_tools.check import check_plugin
+from olmx.plugin_tools.names import entry_point_toml, plugin_names
+from olmx.plugin_tools.scaffold import new_plugin
 from tests.conftest import make_dist, olmx_cli
 
 KINDS = ("layer", "parallel", "precision", "infra")

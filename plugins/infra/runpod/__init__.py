@@ -2,8 +2,14 @@
 
 * :mod:`.spec`: :class:`PodSpec` / :class:`ClusterSpec` and the pure functions that turn them
   into the exact ``POST /v2/pods`` / ``POST /v2/clusters`` bodies.
-* :mod:`.client`: :class:`RunPodClient` (retries, clear errors, no orphans, key never shown)
-  and :func:`redacted_request` for ``--dry-run``.
+* :mod:`.errors`: the :class:`RunPodError` tree.
+* :mod:`.transport`: the key, the base URL, one JSON call with retries, and
+  :func:`redacted_request` for ``--dry-run``.
+* :mod:`.rest`: the pod and cluster endpoints (creates that leave no duplicate).
+* :mod:`.provision`: :class:`RunPodClient` (waits, provisioning that leaves no orphan).
+* :mod:`.plugin` (the ``infra=runpod`` plugin, settings in :mod:`.config`), :mod:`.payload`
+  (what is shipped to a pod), :mod:`.remote` (SSH steps), :mod:`.commands`
+  (``olmx provision runpod``).
 
 Names are re-exported lazily (PEP 562), so importing this package costs nothing until one is
 used.
@@ -25,14 +31,8 @@ _EXPORTS = {
         "build_cluster_request",
         "build_pod_request",
     ),
-    "client": (
-        "TERMINATE_CLUSTER_COMMAND",
-        "TERMINATE_POD_COMMAND",
-        "ReadyCluster",
-        "ReadyPod",
-        "RetryPolicy",
+    "errors": (
         "RunPodAuthError",
-        "RunPodClient",
         "RunPodConflictError",
         "RunPodError",
         "RunPodNotFoundError",
@@ -41,10 +41,22 @@ _EXPORTS = {
         "RunPodRequestError",
         "RunPodUnavailableError",
         "RunPodWaitTimeout",
-        "SshEndpoint",
+    ),
+    "transport": (
+        "RetryPolicy",
         "redacted_request",
         "resolve_base_url",
+    ),
+    "rest": (
+        "SshEndpoint",
         "ssh_endpoint",
+    ),
+    "provision": (
+        "TERMINATE_CLUSTER_COMMAND",
+        "TERMINATE_POD_COMMAND",
+        "ReadyCluster",
+        "ReadyPod",
+        "RunPodClient",
     ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

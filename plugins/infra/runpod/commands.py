@@ -49,7 +49,7 @@ def app() -> typer.Typer:
 
 
 def _client() -> Any:
-    from olmx_plugins.infra.runpod.client import RunPodClient
+    from olmx_plugins.infra.runpod.provision import RunPodClient
 
     return RunPodClient.from_env()
 
@@ -62,7 +62,8 @@ def up(
     from olmx.config.compose import compose, to_object
     from olmx.plan.resolve import resolve
     from olmx.registry import registry
-    from olmx_plugins.infra.runpod.client import ReadyCluster, redacted_request
+    from olmx_plugins.infra.runpod.provision import ReadyCluster
+    from olmx_plugins.infra.runpod.transport import redacted_request
 
     reg = registry()
     infra = reg.get("infra", "runpod")  # this group's own plugin, as the registry loaded it
@@ -102,7 +103,7 @@ def up(
 
 
 def _row(pod: dict[str, Any]) -> list[str]:
-    from olmx_plugins.infra.runpod.client import ssh_endpoint
+    from olmx_plugins.infra.runpod.rest import ssh_endpoint
 
     gpu, cpu = pod.get("gpu") or {}, pod.get("cpu") or {}
     compute = (

@@ -11,42 +11,30 @@ copy back comes first, and when it fails the pod is left running.
 The API key comes from ``RUNPOD_API_KEY`` (or ``~/.runpod/olmx_api_key``); it is only ever
 sent in the Authorization header and never printed, logged or written. Values of
 ``infra.pass_env`` variables go to the pod's environment and nowhere else.
+
+This module holds the plugin and its hooks; its settings are :mod:`.config`, what it ships to
+the pods :mod:`.payload`, its SSH steps :mod:`.remote`, and its RunPod client
+:mod:`.provision` (over :mod:`.rest` and :mod:`.transport`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from olmx.api import InfraPlugin, World
 from olmx.errors import ConfigError, LaunchError, RunFailed
-from olmx.launch import TorchrunConfig
 from olmx.rundir import RunDir
+from olmx_plugins.infra.runpod.config import RunPodConfig
+from olmx_plugins.infra.runpod.payload import build_bundle, render_bootstrap, shipped_data, shipped_data_note
 
-#: RunPod's PyTorch image with olmx's torch pin (2.13.0). Why this tag: it is the CUDA 13.0
-#: build of RunPod's 1.2.0 image line (runpod/containers, official-templates/pytorch), and
-#: CUDA 13 + torch 2.13 is the combination FlashAttention publishes a prebuilt wheel for
-#: (see DEFAULT_FLASH_ATTN_WHEEL), so nothing is compiled in the pod; Ubuntu 24.04 gives
-#: Python 3.12, the wheel's ABI. CUDA 13 builds also run on Blackwell GPUs. Such a pod needs a
-#: host whose driver supports CUDA 13, hence the default ``min_cuda_version``.
-DEFAULT_IMAGE = "runpod/pytorch:1.2.0-cu1300-torch2130-ubuntu2404"
-#: FlashAttention's prebuilt wheel for CUDA 13 / torch 2.13 (its setup.py names release
-#: assets this way); ``{python_tag}`` is filled on the pod (``cp312``).
-DEFAULT_FLASH_ATTN_WHEEL = (
-    "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3.post1/"
-    "flash_attn-2.8.3.post1+cu13torch2.13cxx11abiTRUE-{python_tag}-{python_tag}-linux_x86_64.whl"
-)
 #: Local known-hosts file of the run (pods' host keys).
 KNOWN_HOSTS = ".ssh_known_hosts"
-#: Template of the bootstrap script inside the templates folder.
-TEMPLATE = "runpod/bootstrap.sh.j2"
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Spec field -> config key, for errors raised while building a request body.
@@ -58,74 +46,6 @@ _SPEC_KEYS = {
     "cpu_flavor_id": "cpu_flavor",
     "vcpu_count": "vcpus",
 }
-
-
-@dataclass
-class RunPodConfig(TorchrunConfig):
-    """Settings of ``infra=runpod``."""
-
-    #: RunPod GPU type id (``NVIDIA H100 80GB HBM3``, ``NVIDIA B200``, ...).
-    gpu_type: str = "NVIDIA H100 80GB HBM3"
-    #: GPUs per pod; 0 makes a CPU pod (``cpu_flavor``, ``vcpus``): a cheap check that a run starts.
-    gpus_per_node: int = 1
-    #: Worker processes per pod; null means one per GPU, or 2 on a CPU pod.
-    nproc_per_node: Optional[int] = None
-    #: Pods; more than one makes a RunPod instant cluster (GPU pods on a private network).
-    nodes: int = 1
-    #: CPU pods: RunPod CPU flavor.
-    cpu_flavor: str = "cpu3c"
-    #: CPU pods: vCPUs.
-    vcpus: int = 4
-    #: Container image; it must bring torch at olmx's pin (the bootstrap checks it).
-    image: str = DEFAULT_IMAGE
-    #: Only hosts whose driver supports at least this CUDA version (the image's build needs it).
-    min_cuda_version: Optional[str] = "13.0"
-    #: Prebuilt flash-attn wheel installed on the pod (``{python_tag}`` is filled in there);
-    #: null: none. Never built from source.
-    flash_attn_wheel: Optional[str] = DEFAULT_FLASH_ATTN_WHEEL
-    #: Container disk in GB: local NVMe holding the run (wiped when the pod stops).
-    container_disk_gb: int = 100
-    #: Attach this network volume at /runpod-volume (none by default: too slow to train from).
-    network_volume_id: Optional[str] = None
-    #: ``SECURE`` or ``COMMUNITY`` cloud (single pods).
-    cloud: str = "SECURE"
-    #: Preferred data centres, in order; empty lets RunPod choose.
-    data_centers: list[str] = field(default_factory=list)
-    #: Environment of the pod. Saved in the plan: no secrets here (see ``pass_env``).
-    env: dict[str, str] = field(default_factory=dict)
-    #: Names of variables whose values are taken from this machine's environment at launch and
-    #: set in the pod's environment; the values are never saved or printed.
-    pass_env: list[str] = field(default_factory=list)
-    #: Pod (or cluster) name; null: ``olmx-<run dir name>``.
-    pod_name: Optional[str] = None
-    #: Train on this existing pod instead of creating one (started if it is stopped).
-    pod_id: Optional[str] = None
-    #: Train on this existing instant cluster (``nodes`` > 1).
-    cluster_id: Optional[str] = None
-    #: Leave the pod running when the run ends (else it is stopped; a cluster is terminated).
-    keep: bool = False
-    #: Directory on the pod's container disk that holds the run.
-    workdir: str = "/workspace/olmx"
-    #: Python on the pod (the image's, which has torch).
-    python: str = "python"
-    #: Install olmx on the pod from the shipped source with pinned dependencies; false for an
-    #: image that already has this olmx.
-    install: bool = True
-    #: Copy the run's data files (``data=text``/``numpy``: the files ``data.paths`` names
-    #: here) to every pod, under ``<workdir>/data/`` (outside the run directory, so they are not
-    #: copied back), and train on the copies; false:
-    #: ``data.paths`` already name files on the pods (in the image or on a network volume).
-    ship_data: bool = True
-    #: Refuse to ship more than this many GB of data files (copying goes through SSH with the
-    #: run); put larger data on a network volume or in the image and set ``ship_data=false``.
-    ship_data_max_gb: float = 1.0
-    #: SSH private key for the pods (``ssh -i``); null: ssh's defaults and agent. Its public
-    #: key must be registered with RunPod.
-    ssh_key: Optional[str] = None
-    #: Seconds to wait for the pods to run with SSH before giving up (and terminating them).
-    wait_timeout: float = 1200.0
-    #: Seconds between two looks at the pods (API while starting, SSH while training).
-    poll_seconds: float = 10.0
 
 
 class RunPodInfra(InfraPlugin):
@@ -240,7 +160,8 @@ class RunPodInfra(InfraPlugin):
     def preflight(self, cfg: RunPodConfig, plan: Any) -> None:
         """The API key is there (``RUNPOD_API_KEY`` or the key file), checked before the run
         directory is written; it is read, never sent or shown. (``--dry-run`` needs no key.)"""
-        from olmx_plugins.infra.runpod.client import RunPodAuthError, _load_key
+        from olmx_plugins.infra.runpod.errors import RunPodAuthError
+        from olmx_plugins.infra.runpod.transport import _load_key
 
         try:
             _load_key(None)
@@ -252,7 +173,7 @@ class RunPodInfra(InfraPlugin):
     def dry_run(self, cfg: RunPodConfig, plan: Any) -> str:
         """The requests (key and passed secrets redacted), the bootstrap script and the SSH
         steps, in order. Sends nothing and needs no API key."""
-        from olmx_plugins.infra.runpod.client import redacted_request
+        from olmx_plugins.infra.runpod.transport import redacted_request
 
         shown_env = {**cfg.env, **{k: f"<redacted: ${k} of the launching environment>" for k in cfg.pass_env}}
         w = cfg.workdir
@@ -276,7 +197,7 @@ class RunPodInfra(InfraPlugin):
             f"\n# 2. Copy to {w} on every node (ssh ... 'tar -xzf - -C {w}'): run/plan.yaml (run_dir "
             f"{w}/run), bootstrap.sh, constraints.txt (the dependency pins of this olmx)"
             + (", olmx-src/" if cfg.install else "")
-            + _shipped_data_note(plan, cfg)
+            + shipped_data_note(plan, cfg)
             + (f", run/checkpoints/step{plan.resume_step} (resuming)" if plan.resume_step is not None else ""),
             "#    then start it: ssh ... 'cd {w} && NODE_RANK=<rank> NUM_NODES={n} nohup setsid bash bootstrap.sh &'. "
             "bootstrap.sh:".format(w=w, n=cfg.nodes),
@@ -291,22 +212,7 @@ class RunPodInfra(InfraPlugin):
     def bootstrap(self, cfg: RunPodConfig, plan: Any, launch_id: str = "runpod-LAUNCH") -> str:
         """The bootstrap script every node of one launch runs (``templates/runpod/bootstrap.sh.j2``);
         ``launch_id`` names the launch in ``events.jsonl`` (each launch gets a fresh one)."""
-        from olmx.launch import render_template, torchrun_env, torchrun_flags
-
-        return render_template(
-            TEMPLATE,
-            workdir=cfg.workdir,
-            python=cfg.python,
-            nproc_per_node=plan.world.nproc_per_node,
-            env=sorted(cfg.env.items()),
-            torch_version=_torch_pin(),
-            install=cfg.install,
-            flash_attn_wheel=cfg.flash_attn_wheel if plan.world.device == "cuda" else None,
-            rdzv_id=f"olmx-{Path(plan.run_dir).name}",
-            torchrun_env=sorted(torchrun_env(cfg).items()),
-            torchrun_flags=torchrun_flags(cfg, f"{cfg.workdir}/run"),
-            launch_id=launch_id,
-        )
+        return render_bootstrap(cfg, plan, launch_id)
 
     # -- launch ------------------------------------------------------------------------------
 
@@ -315,7 +221,7 @@ class RunPodInfra(InfraPlugin):
         from rich.console import Console
 
         from olmx_plugins.infra.runpod import remote as rm
-        from olmx_plugins.infra.runpod.client import RunPodClient
+        from olmx_plugins.infra.runpod.provision import RunPodClient
 
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         shipped_data(plan, cfg)  # refused before any pod exists
@@ -359,7 +265,7 @@ class RunPodInfra(InfraPlugin):
             console.print("Stopping the training ...")
             for r in remotes:
                 rm.kill(r, cfg.workdir)
-            _wait_ended(watch.look, cfg.poll_seconds)
+            rm.wait_ended(watch.look, cfg.poll_seconds)
             outcome = RunFailed(f"interrupted; the run can resume from its last checkpoint in {plan.run_dir}", 130)
         except RunFailed as exc:
             outcome = exc
@@ -410,34 +316,8 @@ class RunPodInfra(InfraPlugin):
         return [ready], None, True
 
     def _bundle(self, plan: Any, cfg: RunPodConfig, launch_id: str = "runpod-LAUNCH") -> bytes:
-        """What goes to every node: the pod's plan, the bootstrap, the pins, the source, and
-        the checkpoint a resumed run starts from (with its metrics)."""
-        import yaml
-
-        from olmx_plugins.infra.runpod import remote as rm
-
-        run_dir = f"{cfg.workdir}/run"
-        data_files = shipped_data(plan, cfg)
-        data = plan.run.data
-        if data_files:
-            data = replace(data, paths=[f"{cfg.workdir}/{name}" for name in data_files])
-        run = replace(plan.run, trainer=replace(plan.run.trainer, run_dir=run_dir), data=data)
-        pod_plan = replace(plan, run_dir=run_dir, run=run)
-        files = {
-            "run/plan.yaml": yaml.safe_dump(pod_plan.to_dict(), sort_keys=False).encode(),
-            "bootstrap.sh": self.bootstrap(cfg, plan, launch_id).encode(),
-            "constraints.txt": "".join(f"{r}\n" for r in pinned_requirements()).encode(),
-        }
-        trees: list[tuple[str, Path]] = list(data_files.items())
-        if cfg.install:
-            root = rm.source_root()
-            trees += [(f"olmx-src/{part}", root / part) for part in rm.SOURCE_PARTS]
-        if plan.resume_step is not None:
-            local = RunDir(plan.run_dir)
-            trees.append((f"run/checkpoints/step{plan.resume_step}", local.checkpoints / f"step{plan.resume_step}"))
-            if local.metrics.exists():
-                files["run/metrics.jsonl"] = local.metrics.read_bytes()
-        return rm.bundle(files, trees)
+        """What goes to every node (:func:`.payload.build_bundle`)."""
+        return build_bundle(plan, cfg, launch_id)
 
     def _follow(self, plan: Any, cfg: RunPodConfig, watch: Any, console: Any) -> None:
         """The progress bar until node 0's bootstrap ends; RunFailed with its log tail when
@@ -482,7 +362,7 @@ class RunPodInfra(InfraPlugin):
             raise LaunchError(
                 f"{exc}\nThe pods are left running so that nothing is lost. {self._still_running(plan, nodes)}"
             ) from None
-        _localize_summary(plan.run_dir)
+        rm.localize_summary(plan.run_dir)
         if cfg.keep:
             console.print(
                 "Pods kept running (infra.keep=true): "
@@ -523,7 +403,7 @@ class RunPodInfra(InfraPlugin):
     def job_status(self, cfg: RunPodConfig, plan: Any) -> str:
         """The pods' RunPod status, and the training's state and last step on node 0."""
         from olmx_plugins.infra.runpod import remote as rm
-        from olmx_plugins.infra.runpod.client import RunPodClient
+        from olmx_plugins.infra.runpod.provision import RunPodClient
 
         record = RunDir(plan.run_dir).read_launch("RunPod")
         client = RunPodClient.from_env()
@@ -552,13 +432,14 @@ class RunPodInfra(InfraPlugin):
         from rich.console import Console
 
         from olmx_plugins.infra.runpod import remote as rm
-        from olmx_plugins.infra.runpod.client import ReadyPod, RunPodClient, SshEndpoint
+        from olmx_plugins.infra.runpod.provision import ReadyPod, RunPodClient
+        from olmx_plugins.infra.runpod.rest import SshEndpoint
 
         record = RunDir(plan.run_dir).read_launch("RunPod")
         remotes = self._record_remotes(plan, cfg, record)
         for r in remotes:
             rm.kill(r, cfg.workdir)
-        _wait_ended(lambda: rm.state(remotes[0], cfg.workdir)[0], cfg.poll_seconds)
+        rm.wait_ended(lambda: rm.state(remotes[0], cfg.workdir)[0], cfg.poll_seconds)
         nodes = [ReadyPod(p["id"], "", SshEndpoint(p["host"], p["port"], p["user"]), {}) for p in record["pods"]]
         self._finish(
             RunPodClient.from_env(),
@@ -579,13 +460,13 @@ class RunPodInfra(InfraPlugin):
         return Remote(ssh.host, ssh.port, ssh.username, key, str(Path(plan.run_dir) / KNOWN_HOSTS))
 
     def _record_remotes(self, plan: Any, cfg: RunPodConfig, record: dict[str, Any]) -> list[Any]:
-        from olmx_plugins.infra.runpod.client import SshEndpoint
+        from olmx_plugins.infra.runpod.rest import SshEndpoint
 
         return [self._remote(plan, cfg, SshEndpoint(p["host"], p["port"], p["user"])) for p in record["pods"]]
 
     @staticmethod
     def _resource(nodes: list[Any], cluster_id: str | None) -> tuple[str, str, str]:
-        from olmx_plugins.infra.runpod.client import TERMINATE_CLUSTER_COMMAND, TERMINATE_POD_COMMAND
+        from olmx_plugins.infra.runpod.provision import TERMINATE_CLUSTER_COMMAND, TERMINATE_POD_COMMAND
 
         if cluster_id:
             return "cluster", cluster_id, TERMINATE_CLUSTER_COMMAND.format(id=cluster_id)
@@ -608,97 +489,6 @@ def _what(cfg: RunPodConfig) -> str:
     if not cfg.gpus_per_node:
         return f"CPU {cfg.cpu_flavor} x {cfg.vcpus} vCPUs"
     return f"{cfg.nodes} x {cfg.gpus_per_node} {cfg.gpu_type}"
-
-
-def _torch_pin() -> str:
-    """The torch version olmx pins (its ``torch==X`` requirement)."""
-    from importlib import metadata
-
-    from packaging.requirements import Requirement
-
-    for text in metadata.requires("olmx") or []:
-        req = Requirement(text)
-        if req.name == "torch" and not req.marker:
-            pins = [s.version for s in req.specifier if s.operator == "=="]
-            if pins:
-                return pins[0]
-    raise LaunchError("the installed olmx does not pin torch (torch==X in its requirements)")
-
-
-def pinned_requirements() -> list[str]:
-    """``name==version`` of every installed distribution olmx needs (its dependency closure
-    in this environment), except torch and its CUDA/triton companions, which the image brings."""
-    from importlib import metadata
-
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    seen: dict[str, str] = {}
-    todo = ["olmx"]
-    while todo:
-        name = canonicalize_name(todo.pop())
-        if name in seen:
-            continue
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        seen[name] = dist.version
-        for text in dist.requires or []:
-            req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    skip = re.compile(r"^(olmx|torch|triton|nvidia-.*|pytorch-triton.*)$")
-    return sorted(f"{n}=={v}" for n, v in seen.items() if not skip.match(n) and "+" not in v)
-
-
-def _wait_ended(look: Any, poll: float, timeout: float = 120.0) -> None:
-    """Wait until ``look()`` reports an exit status (the bootstrap ended after a SIGTERM)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if look() is not None:
-                return
-        except LaunchError:
-            pass
-        time.sleep(min(poll, 2.0))
-
-
-def shipped_data(plan: Any, cfg: RunPodConfig) -> dict[str, Path]:
-    """The local data files shipped to the pods, by their name under the pod's ``infra.workdir``
-    (``data/000-name``, in ``data.paths`` order); ConfigError above ``infra.ship_data_max_gb``."""
-    from olmx.worker.data import text_files
-
-    data = plan.run.data
-    if not cfg.ship_data or data.name == "stdlib":
-        return {}
-    files = text_files(list(data.paths))
-    total = sum(f.stat().st_size for f in files)
-    if total > cfg.ship_data_max_gb * 1e9:
-        raise ConfigError(
-            "infra.ship_data_max_gb",
-            f"data.paths hold {total / 1e9:.1f} GB, more than the "
-            f"{cfg.ship_data_max_gb:g} GB olmx copies to pods over SSH; put the data on a network "
-            "volume (infra.network_volume_id) or in the image and set infra.ship_data=false",
-        )
-    return {f"data/{i:03d}-{f.name}": f for i, f in enumerate(files)}
-
-
-def _shipped_data_note(plan: Any, cfg: RunPodConfig) -> str:
-    """What the dry run says about shipped data files ('' when none are shipped)."""
-    files = shipped_data(plan, cfg)
-    if not files:
-        return ""
-    return f", data/ ({len(files)} data file(s), {sum(f.stat().st_size for f in files.values()) / 1e6:.1f} MB)"
-
-
-def _localize_summary(run_dir: str) -> None:
-    """The copied ``summary.json`` names the pod's run directory; name the local one."""
-    path = RunDir(run_dir).summary
-    if path.exists():
-        summary = json.loads(path.read_text())
-        summary["run_dir"] = str(run_dir)
-        path.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 RUNPOD = RunPodInfra()

@@ -15,7 +15,9 @@ scp is needed in the image. Each step is one ssh command:
 * **fetch**: ``tar -cf - .`` of the pod's run directory (checkpoints, metrics, summary, logs),
   unpacked into the local run directory with tarfile's ``data`` filter; node 0 last, so that
   its files win; on several nodes the checkpoint shards of every node end up side by side.
-* **kill**: SIGTERM to the bootstrap's process group.
+  :func:`localize_summary` then names the local run directory in the copied ``summary.json``.
+* **kill**: SIGTERM to the bootstrap's process group; :func:`wait_ended` then waits until the
+  bootstrap has ended.
 
 Host keys: pods are new hosts, and RunPod reuses IP:port pairs across pods, so olmx accepts
 a pod's key on first use into a known-hosts file of the run (``RUN_DIR/.ssh_known_hosts``)
@@ -31,11 +33,14 @@ import json
 import shlex
 import subprocess
 import tarfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from olmx.errors import LaunchError
+from olmx.rundir import RunDir
 
 #: Directories and files of an olmx checkout that make up its source distribution.
 SOURCE_PARTS = ("olmx", "plugins", "conf", "templates", "pyproject.toml", "setup.py", "README.md")
@@ -272,6 +277,18 @@ def state(remote: Remote, workdir: str, rank: int = 0) -> tuple[int | None, dict
     return code, last
 
 
+def wait_ended(look: Any, poll: float, timeout: float = 120.0) -> None:
+    """Wait until ``look()`` reports an exit status (the bootstrap ended after a SIGTERM)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if look() is not None:
+                return
+        except LaunchError:
+            pass
+        time.sleep(min(poll, 2.0))
+
+
 # ------------------------------------------------------------------------------- fetch
 
 
@@ -296,3 +313,12 @@ def fetch(remote: Remote, workdir: str, run_dir: str | Path) -> None:
             f"copying the run directory back from {remote} failed "
             f"(ssh exit status {proc.returncode}): {problem or stderr or '(no output)'}"
         )
+
+
+def localize_summary(run_dir: str) -> None:
+    """The copied ``summary.json`` names the pod's run directory; name the local one."""
+    path = RunDir(run_dir).summary
+    if path.exists():
+        summary = json.loads(path.read_text())
+        summary["run_dir"] = str(run_dir)
+        path.write_text(json.dumps(summary, indent=2) + "\n")

@@ -20,12 +20,8 @@ import pytest
 from fake_runpod import SSH_HOST, FakeRunPod, Fault
 
 from olmx.errors import ConfigError, LaunchError
-from olmx_plugins.infra.runpod.client import (
-    ReadyCluster,
-    ReadyPod,
-    RetryPolicy,
+from olmx_plugins.infra.runpod.errors import (
     RunPodAuthError,
-    RunPodClient,
     RunPodError,
     RunPodNotFoundError,
     RunPodOrphanError,
@@ -33,10 +29,9 @@ from olmx_plugins.infra.runpod.client import (
     RunPodRequestError,
     RunPodUnavailableError,
     RunPodWaitTimeout,
-    SshEndpoint,
-    redacted_request,
-    resolve_base_url,
 )
+from olmx_plugins.infra.runpod.provision import ReadyCluster, ReadyPod, RunPodClient
+from olmx_plugins.infra.runpod.rest import SshEndpoint
 from olmx_plugins.infra.runpod.spec import (
     CloudType,
     ClusterSpec,
@@ -44,6 +39,7 @@ from olmx_plugins.infra.runpod.spec import (
     build_cluster_request,
     build_pod_request,
 )
+from olmx_plugins.infra.runpod.transport import RetryPolicy, redacted_request, resolve_base_url
 
 KEY = "rpa_Q3T9XK2LM8PZ7W4VB6NJ5HC1DF0GSY2E8RU"
 FORBIDDEN_KEY = "rpa_READONLYREADONLYREADONLYREADONLY00"

@@ -23,7 +23,9 @@ from olmx.plan.resolve import resolve
 from olmx.registry import registry
 from olmx.rundir import RunDir
 from olmx_plugins.infra.runpod import remote as rm
-from olmx_plugins.infra.runpod.plugin import RUNPOD, RunPodConfig, pinned_requirements
+from olmx_plugins.infra.runpod.config import RunPodConfig
+from olmx_plugins.infra.runpod.payload import pinned_requirements
+from olmx_plugins.infra.runpod.plugin import RUNPOD
 
 GPU8 = ["infra.gpus_per_node=8", "trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
 
@@ -236,7 +238,8 @@ def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypat
     from typer.testing import CliRunner
 
     from olmx.cli import app
-    from olmx_plugins.infra.runpod.client import RunPodClient, ssh_endpoint
+    from olmx_plugins.infra.runpod.provision import RunPodClient
+    from olmx_plugins.infra.runpod.rest import ssh_endpoint
     from olmx_plugins.infra.runpod.spec import PodSpec
 
     remote, work = pod

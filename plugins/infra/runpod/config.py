@@ -1,0 +1,93 @@
+"""The settings of ``infra=runpod`` (:class:`RunPodConfig`, its Hydra schema) and their defaults.
+
+Torch-free and light to import: the registry loads it with the plugin to compose a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from olmx.launch import TorchrunConfig
+
+#: RunPod's PyTorch image with olmx's torch pin (2.13.0). Why this tag: it is the CUDA 13.0
+#: build of RunPod's 1.2.0 image line (runpod/containers, official-templates/pytorch), and
+#: CUDA 13 + torch 2.13 is the combination FlashAttention publishes a prebuilt wheel for
+#: (see DEFAULT_FLASH_ATTN_WHEEL), so nothing is compiled in the pod; Ubuntu 24.04 gives
+#: Python 3.12, the wheel's ABI. CUDA 13 builds also run on Blackwell GPUs. Such a pod needs a
+#: host whose driver supports CUDA 13, hence the default ``min_cuda_version``.
+DEFAULT_IMAGE = "runpod/pytorch:1.2.0-cu1300-torch2130-ubuntu2404"
+#: FlashAttention's prebuilt wheel for CUDA 13 / torch 2.13 (its setup.py names release
+#: assets this way); ``{python_tag}`` is filled on the pod (``cp312``).
+DEFAULT_FLASH_ATTN_WHEEL = (
+    "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3.post1/"
+    "flash_attn-2.8.3.post1+cu13torch2.13cxx11abiTRUE-{python_tag}-{python_tag}-linux_x86_64.whl"
+)
+
+
+@dataclass
+class RunPodConfig(TorchrunConfig):
+    """Settings of ``infra=runpod``."""
+
+    #: RunPod GPU type id (``NVIDIA H100 80GB HBM3``, ``NVIDIA B200``, ...).
+    gpu_type: str = "NVIDIA H100 80GB HBM3"
+    #: GPUs per pod; 0 makes a CPU pod (``cpu_flavor``, ``vcpus``): a cheap check that a run starts.
+    gpus_per_node: int = 1
+    #: Worker processes per pod; null means one per GPU, or 2 on a CPU pod.
+    nproc_per_node: Optional[int] = None
+    #: Pods; more than one makes a RunPod instant cluster (GPU pods on a private network).
+    nodes: int = 1
+    #: CPU pods: RunPod CPU flavor.
+    cpu_flavor: str = "cpu3c"
+    #: CPU pods: vCPUs.
+    vcpus: int = 4
+    #: Container image; it must bring torch at olmx's pin (the bootstrap checks it).
+    image: str = DEFAULT_IMAGE
+    #: Only hosts whose driver supports at least this CUDA version (the image's build needs it).
+    min_cuda_version: Optional[str] = "13.0"
+    #: Prebuilt flash-attn wheel installed on the pod (``{python_tag}`` is filled in there);
+    #: null: none. Never built from source.
+    flash_attn_wheel: Optional[str] = DEFAULT_FLASH_ATTN_WHEEL
+    #: Container disk in GB: local NVMe holding the run (wiped when the pod stops).
+    container_disk_gb: int = 100
+    #: Attach this network volume at /runpod-volume (none by default: too slow to train from).
+    network_volume_id: Optional[str] = None
+    #: ``SECURE`` or ``COMMUNITY`` cloud (single pods).
+    cloud: str = "SECURE"
+    #: Preferred data centres, in order; empty lets RunPod choose.
+    data_centers: list[str] = field(default_factory=list)
+    #: Environment of the pod. Saved in the plan: no secrets here (see ``pass_env``).
+    env: dict[str, str] = field(default_factory=dict)
+    #: Names of variables whose values are taken from this machine's environment at launch and
+    #: set in the pod's environment; the values are never saved or printed.
+    pass_env: list[str] = field(default_factory=list)
+    #: Pod (or cluster) name; null: ``olmx-<run dir name>``.
+    pod_name: Optional[str] = None
+    #: Train on this existing pod instead of creating one (started if it is stopped).
+    pod_id: Optional[str] = None
+    #: Train on this existing instant cluster (``nodes`` > 1).
+    cluster_id: Optional[str] = None
+    #: Leave the pod running when the run ends (else it is stopped; a cluster is terminated).
+    keep: bool = False
+    #: Directory on the pod's container disk that holds the run.
+    workdir: str = "/workspace/olmx"
+    #: Python on the pod (the image's, which has torch).
+    python: str = "python"
+    #: Install olmx on the pod from the shipped source with pinned dependencies; false for an
+    #: image that already has this olmx.
+    install: bool = True
+    #: Copy the run's data files (``data=text``/``numpy``: the files ``data.paths`` names
+    #: here) to every pod, under ``<workdir>/data/`` (outside the run directory, so they are not
+    #: copied back), and train on the copies; false:
+    #: ``data.paths`` already name files on the pods (in the image or on a network volume).
+    ship_data: bool = True
+    #: Refuse to ship more than this many GB of data files (copying goes through SSH with the
+    #: run); put larger data on a network volume or in the image and set ``ship_data=false``.
+    ship_data_max_gb: float = 1.0
+    #: SSH private key for the pods (``ssh -i``); null: ssh's defaults and agent. Its public
+    #: key must be registered with RunPod.
+    ssh_key: Optional[str] = None
+    #: Seconds to wait for the pods to run with SSH before giving up (and terminating them).
+    wait_timeout: float = 1200.0
+    #: Seconds between two looks at the pods (API while starting, SSH while training).
+    poll_seconds: float = 10.0
