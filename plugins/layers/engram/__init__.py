@@ -3,13 +3,17 @@
 Importing this package is cheap: the torch / OLMo-core code loads on first attribute access
 (PEP 562). Pieces:
 
+* :class:`EngramLayerConfig` (``config``): the one config users write (``layers.engram``),
+  torch-free; the plugin (``plugin``) validates it at plan time and derives the rest.
 * :class:`TokenizerCompression` (``compression``): raw token ids -> canonical ids, built from
   the run's tokenizer (:func:`byte_level_tokens`, :func:`hf_tokens`).
 * :class:`NgramHasher` (``hashing``): canonical ids -> per-head table ids, in torch.
 * :class:`Engram` (``module``): lookup, gate, short convolution of one layer.
 * :class:`EngramTable` (``sharding``): the packed table, replicated or ``1d``/``2d`` sharded.
 * :class:`EngramConfig`, :class:`EngramBlockConfig`, :func:`apply_engram_inputs` (``block``):
-  the OLMo-core block and the model seam that passes hash ids to the blocks.
+  the OLMo-core block configs (derived from :class:`EngramLayerConfig`), the block and the
+  model seam that passes hash ids to the blocks.
+* :func:`apply_ddp_ignoring` (``ddp``): OLMo-core's ``apply_ddp`` with sharded tables left out.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "EngramLayerConfig": "config",
     "TokenizerCompression": "compression",
     "byte_level_tokens": "compression",
     "hf_tokens": "compression",
@@ -36,6 +41,7 @@ _EXPORTS = {
     "EngramInputs": "block",
     "EngramTransformer": "block",
     "apply_engram_inputs": "block",
+    "apply_ddp_ignoring": "ddp",
 }
 
 __all__ = sorted(_EXPORTS)

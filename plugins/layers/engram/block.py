@@ -16,12 +16,17 @@ other block config given as its ``base`` (e.g. olmx's portable MoE block), plus 
 residual before attention: ``x = x + engram(x, engram_hash_ids)``, then the base block.
 
 Parallelism: sharded tables (``1d``/``2d``) are excluded from FSDP (the block passes them as
-``ignored_params``) and DDP (``EngramTransformer.apply_ddp`` passes them as
-``ignored_modules``). Tensor parallelism is refused. Under Ulysses context parallelism the
-hash ids are computed on the whole sequence and then sharded like the input ids, and the
-convolution reads the previous shard's last ``(kernel_size - 1) * N`` positions
-(``olmx.worker.halo``), so a sharded model computes what the unsharded one
-does; ring attention is refused.
+``ignored_params``) and DDP (``EngramTransformer.apply_ddp`` passes them as ``ignored_modules``
+through :func:`.ddp.apply_ddp_ignoring`). Tensor parallelism is refused. Under Ulysses context
+parallelism the hash ids are computed on the whole sequence and then sharded like the input
+ids, and the convolution reads the previous shard's last ``(kernel_size - 1) * N`` positions
+(``olmx.worker.halo``), so a sharded model computes what the unsharded one does; ring attention
+is refused.
+
+Configs: :class:`EngramConfig` is derived from the user's ``layers.engram``
+(:class:`~.config.EngramLayerConfig`), which the plugin validates at plan time. What the block
+side still checks is how blocks were placed (a block index outside ``layer_ids``, a hasher that
+disagrees with the model), which only a config written by hand can get wrong.
 
 Optimizer: the tables match :data:`TABLE_PARAM_PATTERN` (``*.engram.table.weight``); put them
 in their own group (the paper: Adam, 5x learning rate, no weight decay).
@@ -29,8 +34,8 @@ in their own group (the paper: Adam, 5x learning rate, no weight decay).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, cast
 
 import torch
 from olmo_core.config import Config
@@ -54,6 +59,8 @@ from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Placement
 
 from .compression import TokenizerCompression
+from .config import EngramLayerConfig as _User  # the user's config: the derived fields' defaults
+from .ddp import apply_ddp_ignoring
 from .hashing import NgramHasher, ngram_table_sizes
 from .module import Engram
 from .sharding import EngramTable, TableSharding
@@ -82,53 +89,44 @@ _Wrapping = TransformerDataParallelWrappingStrategy
 
 @dataclass
 class EngramConfig(Config):
-    """Hyperparameters shared by all Engram layers of a model (defaults: the official demo)."""
+    """The Engram hyperparameters shared by a model's Engram blocks, as OLMo-core builds them.
 
-    layer_ids: list[int] = field(default_factory=lambda: [1])
-    """0-based indices of the blocks that carry Engram (the demo: [1, 15])."""
-    max_ngram_size: int = 3
-    """``N``: hash n-grams of orders 2..N; also the dilation of the convolution."""
-    n_head_per_ngram: int = 8
-    """``K``: hash heads (tables) per order."""
-    n_embed_per_ngram: int = 512
-    """Width of one order's concatenated heads (a head's rows: this / K)."""
-    vocab_size_per_ngram: list[int] = field(default_factory=lambda: [65536, 65536])
-    """Configured size of each head's table, per order (N - 1 entries); the actual sizes are
-    the next unused primes above."""
-    kernel_size: int = 4
-    """Kernel of the causal depthwise convolution."""
-    seed: int = 0
-    """Seed of the hash multipliers (and, offset per layer, of the table initialisation)."""
-    zero_init_conv: bool = True
-    """Start the convolution at zero (the paper); False uses Conv1d's default init (the demo)."""
+    Derived, not written by users: ``EngramLayer.engram_config`` fills it from ``layers.engram``
+    (:class:`~.config.EngramLayerConfig`, validated by the plugin's ``resolve``) and the plan; a
+    field named after a ``layers.engram`` field has that field's meaning and default. Nothing
+    here is validated again.
+    """
+
+    layer_ids: list[int]
+    """``layers.engram.layer_ids`` resolved against the model: 0-based blocks carrying Engram."""
+    vocab_size_per_ngram: list[int]
+    """``layers.engram.vocab_size_per_ngram`` resolved against the vocabulary: configured rows of
+    each head's table, per order (N - 1 entries; the real sizes are the next unused primes)."""
+    max_ngram_size: int = _User.max_ngram_size
+    """``layers.engram.max_ngram_size``: ``N``, n-gram orders 2..N and the convolution's dilation."""
+    n_head_per_ngram: int = _User.n_head_per_ngram
+    """``layers.engram.n_head_per_ngram``: ``K`` hash heads (tables) per order."""
+    n_embed_per_ngram: int = _User.n_embed_per_ngram
+    """``layers.engram.n_embed_per_ngram``: width of one order's concatenated heads."""
+    kernel_size: int = _User.kernel_size
+    """``layers.engram.kernel_size``: kernel of the causal depthwise convolution."""
+    seed: int = _User.seed
+    """``layers.engram.seed``: seed of the hash multipliers (and, offset per layer, of the
+    table initialisation)."""
+    zero_init_conv: bool = _User.zero_init_conv
+    """``layers.engram.zero_init_conv``: start the convolution at zero."""
     norm_eps: float = 1e-5
-    """Epsilon of the Engram RMSNorms."""
-    table_init_std: float = 1.0
-    """Standard deviation of the table initialisation (the demo: nn.Embedding's 1.0)."""
-    sharding: TableSharding = TableSharding.replicated
-    """``replicated``, ``1d`` (rows over all ranks) or ``2d`` (rows within groups of
-    ``shard_degree`` ranks, replicated across groups)."""
-    shard_degree: int | None = None
-    """Ranks per shard group, for ``sharding=2d``."""
+    """Epsilon of the Engram RMSNorms (not a user setting)."""
+    table_init_std: float = _User.table_init_std
+    """``layers.engram.table_init_std``: std of the table initialisation."""
+    sharding: TableSharding = TableSharding(_User.sharding)
+    """``layers.engram.sharding``: ``replicated``, ``1d`` or ``2d``."""
+    shard_degree: int | None = _User.shard_degree
+    """``layers.engram.shard_degree``: ranks per shard group, for ``sharding=2d``."""
 
     def __post_init__(self):
+        # A conversion, not a check: configs from YAML or ``Config.from_dict`` carry strings.
         self.sharding = TableSharding(self.sharding)
-        if self.sharding == TableSharding.two_d and not self.shard_degree:
-            raise OLMoConfigurationError("engram.sharding=2d needs engram.shard_degree")
-        try:
-            ngram_table_sizes(
-                layer_ids=self.layer_ids,
-                max_ngram_size=self.max_ngram_size,
-                n_head_per_ngram=self.n_head_per_ngram,
-                vocab_size_per_ngram=self.vocab_size_per_ngram,
-            )
-        except ValueError as e:
-            raise OLMoConfigurationError(f"invalid engram config: {e}") from e
-        if self.n_embed_per_ngram % self.n_head_per_ngram != 0:
-            raise OLMoConfigurationError(
-                f"engram.n_embed_per_ngram={self.n_embed_per_ngram} must be divisible by "
-                f"engram.n_head_per_ngram={self.n_head_per_ngram}"
-            )
 
     def table_sizes(self, layer_id: int) -> list[int]:
         """Prime table sizes of ``layer_id`` (the same as ``NgramHasher.table_sizes``)."""
@@ -138,7 +136,7 @@ class EngramConfig(Config):
             n_head_per_ngram=self.n_head_per_ngram,
             vocab_size_per_ngram=self.vocab_size_per_ngram,
         )
-        if layer_id not in sizes:
+        if layer_id not in sizes:  # a block config placed by hand: the plugin places them by layer_ids
             raise OLMoConfigurationError(
                 f"block {layer_id} is an Engram block but not in engram.layer_ids={self.layer_ids}"
             )
@@ -412,7 +410,8 @@ class EngramModelMixin:
         compile_enabled: bool = False,
         autograd_compile_enabled: bool = False,
     ) -> None:
-        """OLMo-core's ``apply_ddp`` (3.0.0), with sharded Engram tables as ignored modules."""
+        """OLMo-core's ``apply_ddp``; with sharded Engram tables, its body with the tables as
+        ignored modules (:mod:`.ddp` says why OLMo-core's own cannot do it)."""
         modules = self.modules()  # type: ignore[attr-defined]
         ignored = [m for m in modules if isinstance(m, EngramTable) and m.is_sharded]
         if not ignored:
@@ -423,27 +422,13 @@ class EngramModelMixin:
                 autograd_compile_enabled=autograd_compile_enabled,
             )
             return
-        from olmo_core.nn.transformer import model as olmo_model
-        from torch.distributed._composable.replicate import replicate
-
-        target_dtype = param_dtype or self.dtype  # type: ignore[attr-defined]
-        if target_dtype != self.dtype:  # type: ignore[attr-defined]
-            self.to(dtype=target_dtype)  # type: ignore[attr-defined]
-        if compile_enabled:
-            torch._dynamo.config.optimize_ddp = (
-                "python_reducer_without_compiled_forward" if autograd_compile_enabled else "ddp_optimizer"
-            )
-        replicate(
-            self,
-            device_mesh=dp_mesh,
-            bucket_cap_mb=100,
+        apply_ddp_ignoring(
+            cast(Transformer, self),
             ignored_modules=ignored,
-        )
-        self.register_forward_pre_hook(  # type: ignore[attr-defined]
-            olmo_model._hide_cpu_inputs_from_torch, prepend=True, with_kwargs=True
-        )
-        self.register_forward_pre_hook(  # type: ignore[attr-defined]
-            olmo_model._unhide_cpu_inputs_from_torch, prepend=False, with_kwargs=True
+            dp_mesh=dp_mesh,
+            param_dtype=param_dtype,
+            compile_enabled=compile_enabled,
+            autograd_compile_enabled=autograd_compile_enabled,
         )
 
 

@@ -3,70 +3,20 @@
 Faithful to the official ``engram_demo_v1.py`` (tokenizer compression, multi-head n-gram
 hashing with per-layer primes, gated value + dilated causal convolution); tables replicated
 or sharded over ranks (``1d``/``2d``) with only the looked-up rows exchanged.
+
+One config: :class:`~.config.EngramLayerConfig` (``layers.engram``), validated here in
+:meth:`EngramLayer.resolve` and nowhere else; the OLMo-core-side ``EngramConfig`` and
+``EngramBlockConfig`` are derived from it at build (:meth:`EngramLayer.engram_config`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from olmx.api import Context, Contribution, LayerPlugin
 from olmx.errors import ConfigError
-
-SHARDINGS = ("replicated", "1d", "2d")
-#: The official demo sizes each head's table at 5 x the tokenizer vocabulary (129280 * 5).
-VOCAB_MULTIPLE = 5
-
-
-@dataclass
-class EngramLayerConfig:
-    """Settings of ``layers=[engram]`` (defaults: the official demo, scaled to the run)."""
-
-    #: 0-based blocks that carry Engram; null: the demo's [1, 15] where the model is deep
-    #: enough, else [1].
-    layer_ids: Optional[list[int]] = None
-    #: N: hash n-grams of orders 2..N (also the convolution's dilation).
-    max_ngram_size: int = 3
-    #: K: hash heads (tables) per order.
-    n_head_per_ngram: int = 8
-    #: Width of one order's concatenated heads (each head's rows are this / K wide).
-    n_embed_per_ngram: int = 512
-    #: Configured rows of each head's table, per order (N-1 entries; the real sizes are the
-    #: next unused primes above); null: 5 x the padded vocabulary, as the demo (129280 x 5).
-    vocab_size_per_ngram: Optional[list[int]] = None
-    #: Kernel of the causal depthwise convolution.
-    kernel_size: int = 4
-    #: Seed of the hash multipliers (numpy default_rng(seed + 10007 * layer)).
-    seed: int = 0
-    #: Start the convolution at zero (the paper); false: Conv1d's default init (the demo).
-    zero_init_conv: bool = True
-    #: Collapse token ids that normalise to the same text (NFKC, NFD, strip accents,
-    #: lowercase, whitespace) before hashing; needs the run's tokenizer (bytes: built in).
-    compression: bool = True
-    #: ``replicated`` (plain parameters), ``1d`` (rows split over all ranks) or ``2d`` (rows
-    #: split within groups of ``shard_degree`` ranks, replicated across groups).
-    sharding: str = "replicated"
-    #: Ranks per shard group for ``sharding=2d``.
-    shard_degree: Optional[int] = None
-    #: Learning-rate multiplier of the tables' own parameter group (no weight decay).
-    table_lr_multiplier: float = 5.0
-    #: Standard deviation of the table initialisation (the demo: nn.Embedding's 1.0).
-    table_init_std: float = 1.0
-
-
-def layer_ids(cfg: EngramLayerConfig, n_layers: int) -> list[int]:
-    """The Engram blocks."""
-    if cfg.layer_ids is not None:
-        return list(cfg.layer_ids)
-    return [1, 15] if n_layers > 15 else [1] if n_layers > 1 else [0]
-
-
-def vocab_sizes(cfg: EngramLayerConfig, vocab: int) -> list[int]:
-    """Configured rows per head, per order."""
-    if cfg.vocab_size_per_ngram is not None:
-        return list(cfg.vocab_size_per_ngram)
-    return [VOCAB_MULTIPLE * vocab] * (cfg.max_ngram_size - 1)
+from olmx_plugins.layers.engram.config import SHARDINGS, EngramLayerConfig, layer_ids, vocab_sizes
 
 
 class EngramLayer(LayerPlugin):
@@ -80,18 +30,25 @@ class EngramLayer(LayerPlugin):
     order = 90
 
     def resolve(self, cfg: EngramLayerConfig, ctx: Context) -> Contribution:
-        """Check the settings; table sizes, parameters and lookup traffic for the plan."""
+        """Check the settings (the only place they are checked); table sizes, parameters and
+        lookup traffic for the plan."""
         from olmx_plugins.layers.engram.primes import ngram_table_sizes
 
         run, world = ctx.run, ctx.world
         m, vocab = run.model, ctx.vocab_size
         ids = layer_ids(cfg, m.n_layers)
+        if not ids:
+            raise ConfigError("layers.engram.layer_ids", "must name at least one block")
         bad = [i for i in ids if not 0 <= i < m.n_layers]
         if bad:
             raise ConfigError("layers.engram.layer_ids", f"{bad} outside [0, model.n_layers={m.n_layers})")
+        if len(set(ids)) != len(ids):
+            raise ConfigError("layers.engram.layer_ids", f"{ids} has duplicates")
         if cfg.max_ngram_size < 2:
             raise ConfigError("layers.engram.max_ngram_size", f"must be at least 2, got {cfg.max_ngram_size}")
-        if cfg.n_head_per_ngram < 1 or cfg.n_embed_per_ngram % cfg.n_head_per_ngram:
+        if cfg.n_head_per_ngram < 1:
+            raise ConfigError("layers.engram.n_head_per_ngram", f"must be at least 1, got {cfg.n_head_per_ngram}")
+        if cfg.n_embed_per_ngram % cfg.n_head_per_ngram:
             raise ConfigError(
                 "layers.engram.n_embed_per_ngram",
                 f"{cfg.n_embed_per_ngram} must be divisible by layers.engram.n_head_per_ngram={cfg.n_head_per_ngram}",
@@ -102,9 +59,13 @@ class EngramLayer(LayerPlugin):
                 "layers.engram.vocab_size_per_ngram",
                 f"needs {cfg.max_ngram_size - 1} entries (orders 2..{cfg.max_ngram_size}), got {len(sizes_cfg)}",
             )
+        if min(sizes_cfg) < 2:
+            raise ConfigError("layers.engram.vocab_size_per_ngram", f"{sizes_cfg}: every entry must be at least 2")
+        if cfg.kernel_size < 1:
+            raise ConfigError("layers.engram.kernel_size", f"must be at least 1, got {cfg.kernel_size}")
         if cfg.sharding not in SHARDINGS:
             raise ConfigError("layers.engram.sharding", f"'{cfg.sharding}' is not one of {', '.join(SHARDINGS)}")
-        if cfg.sharding == "2d" and (not cfg.shard_degree or world.size % cfg.shard_degree):
+        if cfg.sharding == "2d" and (not cfg.shard_degree or cfg.shard_degree < 1 or world.size % cfg.shard_degree):
             raise ConfigError(
                 "layers.engram.shard_degree",
                 f"sharding=2d needs a shard_degree dividing the world size {world.size}, got {cfg.shard_degree}",
@@ -189,7 +150,9 @@ class EngramLayer(LayerPlugin):
         )
 
     def engram_config(self, cfg: EngramLayerConfig, plan: Any) -> Any:
-        """The OLMo-core-style EngramConfig of the blocks."""
+        """The blocks' OLMo-core-side ``EngramConfig``, derived from ``cfg`` (validated by
+        :meth:`resolve`): the block indices and table sizes resolved against the plan's model
+        and vocabulary."""
         from olmx_plugins.layers.engram.block import EngramConfig
         from olmx_plugins.layers.engram.sharding import TableSharding
 
@@ -271,8 +234,8 @@ class EngramLayer(LayerPlugin):
         apply_engram_inputs(model, compression=comp, hasher=hasher)
 
     def apply_train_module(self, cfg: EngramLayerConfig, train_module: dict[str, Any], plan: Any) -> None:
-        """Tables in their own optimizer group (sharded tables are clipped by the core, which
-        takes the global norm across meshes: ``own_mesh_params``)."""
+        """Tables in their own optimizer group (the core's clipping takes the global norm
+        across meshes, sharded tables included)."""
         from olmo_core.optim import OptimGroupOverride
 
         from olmx_plugins.layers.engram.block import TABLE_PARAM_PATTERN

@@ -3,9 +3,13 @@
 OLMo-core 3.0.0's own MoE needs Triton (v1) or CUDA streams (v2), so it cannot train on CPU.
 This package is olmx's reference MoE that runs everywhere (CPU/gloo and GPU/NCCL):
 
+* :mod:`.config`: ``MoEConfig``, the one config users write (``layers.moe``), torch-free;
+* :mod:`.plugin`: the layer plugin, which validates it at plan time and derives the rest;
 * :mod:`.modules`: router, routed experts, shared expert, dispatch and aux losses (pure torch);
 * :mod:`.block`: ``MoEBlockConfig``, an OLMo-core ``TransformerBlockConfig`` whose block uses
-  the portable MoE as its feed-forward, and ``MoEFeedForwardConfig``;
+  the portable MoE as its feed-forward, and ``MoEFeedForwardConfig`` (both derived from
+  ``MoEConfig``);
+* :mod:`.convert`: checkpoint conversion between the portable and OLMo-core v1 layouts;
 * :mod:`.expert_parallel`: expert parallelism over a process group (``all_to_all_single``).
 
 Importing this package is cheap: the names below are loaded on first access (PEP 562), so
@@ -18,14 +22,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "MoEConfig": "config",
     "MoEFeedForward": "modules",
     "MoERouter": "modules",
     "MoEExperts": "modules",
     "SharedExpert": "modules",
     "moe_layers": "modules",
-    "v1_state_dict_to_portable": "modules",
-    "portable_state_dict_to_v1": "modules",
-    "convert_model_state_dict": "modules",
+    "v1_state_dict_to_portable": "convert",
+    "portable_state_dict_to_v1": "convert",
+    "convert_model_state_dict": "convert",
     "MoEFeedForwardConfig": "block",
     "MoEBlockConfig": "block",
     "MoEBlock": "block",

@@ -25,7 +25,12 @@ give the same layer / block as OLMo-core's v1 MoE (``MoEConfig`` in a ``Transfor
 of type ``moe`` / ``moe_reordered_norm``, in a ``TransformerType.moe`` model), which runs its
 Triton/CUDA token permutation and grouped GEMMs. Checkpoint names: the v1 block has the same
 ``attention.*``, ``attention_norm.*`` and ``feed_forward_norm.*`` keys; its ``feed_forward_moe.*``
-keys map to ``moe.*`` and back with ``modules.convert_model_state_dict``.
+keys map to ``moe.*`` and back with ``convert.convert_model_state_dict``.
+
+The configs here are derived: users write ``layers.moe`` (:class:`~.config.MoEConfig`), which
+the plugin validates at plan time and turns into :class:`MoEFeedForwardConfig`. What
+``MoEBlockConfig`` still checks when it is built is its own structure (the fields a block
+config written by hand may set), which no user setting reaches.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from torch.distributed import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import Placement
 
+from .config import MoEConfig as _User  # the user's config: the derived fields' defaults
 from .modules import Gating, MoEFeedForward, SharedExpertMixing
 
 if TYPE_CHECKING:
@@ -58,58 +64,53 @@ __all__ = ["MoEFeedForwardConfig", "MoEBlockConfig", "MoEBlock"]
 
 @dataclass
 class MoEFeedForwardConfig(Config):
-    """Configuration of the portable MoE feed-forward (:class:`~.modules.MoEFeedForward`)."""
+    """The portable MoE feed-forward (:class:`~.modules.MoEFeedForward`) as OLMo-core builds it.
 
-    num_experts: int = 8
-    """Number of routed experts ``E``."""
-    top_k: int = 2
-    """Routed experts per token."""
-    hidden_size: int = 256
-    """Hidden size of each routed expert's SwiGLU."""
-    gating: str = "softmax"
-    """Router scores: ``softmax`` over experts or ``sigmoid`` per expert."""
-    normalize_expert_weights: float | None = None
-    """Divide the ``top_k`` combine weights by their p-norm (1.0: make them sum to one)."""
-    bias_gamma: float | None = None
-    """Aux-loss-free balancing: per-step bias change (DeepSeek-V3 used 0.001); ``None`` disables.
-    Needs ``update_expert_bias()`` after each batch (see ``modules.moe_layers``)."""
-    shared_hidden_size: int | None = None
-    """Hidden size of the always-on shared expert (``n_shared * hidden_size`` for ``n_shared``
-    DeepSeek-style shared experts); ``None`` for none."""
+    Derived, not written by users: ``MoELayer.moe_config`` fills it from ``layers.moe``
+    (:class:`~.config.MoEConfig`, validated by the plugin's ``resolve``) and the plan; a field
+    named after a ``layers.moe`` field has that field's meaning and default. Nothing here is
+    validated again.
+    """
+
+    hidden_size: int
+    """Hidden width of each routed expert's SwiGLU: ``layers.moe.hidden_size`` resolved (null
+    there: the model's FFN width)."""
+    num_experts: int = _User.num_experts
+    """``layers.moe.num_experts``: routed experts ``E``."""
+    top_k: int = _User.top_k
+    """``layers.moe.top_k``: routed experts per token."""
+    gating: str = _User.gating
+    """``layers.moe.gating``: ``softmax`` or ``sigmoid`` router scores."""
+    normalize_expert_weights: float | None = _User.normalize_expert_weights
+    """``layers.moe.normalize_expert_weights``: p-norm of the top-k combine weights (None: off)."""
+    bias_gamma: float | None = _User.bias_gamma
+    """``layers.moe.bias_gamma``: aux-loss-free balancing step (None: off). Needs
+    ``update_expert_bias()`` after each batch (see ``modules.moe_layers``)."""
+    shared_hidden_size: int | None = _User.shared_hidden_size
+    """``layers.moe.shared_hidden_size``: width of the always-on shared expert (``n_shared *
+    hidden_size`` for ``n_shared`` DeepSeek-style shared experts; None: none)."""
     shared_expert_mixing: str = "sum"
-    """``sum``: routed + shared; ``olmo_core_v1``: shared/(k+1) + routed*k/(k+1)."""
-    capacity_factor: float | None = None
-    """``None``: dropless. Otherwise each expert takes at most ``ceil(cf * top_k * N / E)`` of a
-    rank's ``N`` tokens per forward (earliest first); the rest are dropped and counted."""
-    lb_loss_weight: float | None = 0.01
-    """Weight of the load-balancing loss; ``None`` disables it."""
-    z_loss_weight: float | None = None
-    """Weight of the router z-loss; ``None`` disables it."""
+    """How the shared expert joins the routed output (not a user setting): ``sum`` (routed +
+    shared, what olmx trains) or ``olmo_core_v1`` (shared/(k+1) + routed*k/(k+1), to compute
+    what OLMo-core's v1 MoE does)."""
+    capacity_factor: float | None = _User.capacity_factor
+    """``layers.moe.capacity_factor``: None is dropless, else each expert takes at most
+    ``ceil(cf * top_k * N / E)`` of a rank's ``N`` tokens per forward (earliest first)."""
+    lb_loss_weight: float | None = _User.lb_loss_weight
+    """``layers.moe.lb_loss_weight``: weight of the load-balancing loss (None: off)."""
+    z_loss_weight: float | None = _User.z_loss_weight
+    """``layers.moe.z_loss_weight``: weight of the router z-loss (None: off)."""
     scale_loss_by_num_layers: bool = True
-    """Divide both loss weights by the model's number of layers (as OLMo-core does)."""
+    """Divide both loss weights by the model's number of layers, as OLMo-core does (not a user
+    setting)."""
     init_std: float = 0.02
-    """Std of the truncated-normal init (cut at 3 std) of router, experts and shared expert."""
+    """Std of the truncated-normal init (cut at 3 std) of router, experts and shared expert:
+    the plan's ``model.init_std``."""
     init_seed: int = 0
-    """Seed of the MoE init (combined with the layer index and parameter name)."""
+    """Seed of the MoE init (combined with the layer index and parameter name): the plan's
+    ``trainer.seed``."""
     dtype: DType = DType.float32
-    """Parameter dtype."""
-
-    def validate(self) -> None:
-        """Raise ``OLMoConfigurationError`` naming the field for invalid values."""
-        if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
-            raise OLMoConfigurationError(
-                f"moe.top_k={self.top_k} must be between 1 and moe.num_experts={self.num_experts}"
-            )
-        if self.gating not in ("softmax", "sigmoid"):
-            raise OLMoConfigurationError(f"moe.gating={self.gating!r} must be 'softmax' or 'sigmoid'")
-        if self.shared_expert_mixing not in ("sum", "olmo_core_v1"):
-            raise OLMoConfigurationError(
-                f"moe.shared_expert_mixing={self.shared_expert_mixing!r} must be 'sum' or 'olmo_core_v1'"
-            )
-        if self.capacity_factor is not None and self.capacity_factor <= 0:
-            raise OLMoConfigurationError(f"moe.capacity_factor={self.capacity_factor} must be positive")
-        if self.bias_gamma is not None and self.bias_gamma <= 0:
-            raise OLMoConfigurationError(f"moe.bias_gamma={self.bias_gamma} must be positive")
+    """Parameter dtype (master weights stay float32; the core applies the compute dtype)."""
 
     def num_params(self, d_model: int) -> int:
         """Parameters of the layer: router ``E*d``, experts ``3*E*d*h``, shared ``3*d*h_s``."""
@@ -132,7 +133,8 @@ class MoEFeedForwardConfig(Config):
         from olmo_core.nn.feed_forward import FeedForwardConfig
         from olmo_core.nn.moe import MoEConfig, MoERouterConfig, MoERouterGatingFunction, MoEType
 
-        self.validate()
+        # Not a user setting, so nothing else checks it: mapping olmx's ``sum`` mixing onto
+        # v1's would silently change what the layer computes.
         if self.shared_hidden_size is not None and self.shared_expert_mixing != "olmo_core_v1":
             raise OLMoConfigurationError(
                 "moe.shared_expert_mixing must be 'olmo_core_v1' to map a shared expert onto OLMo-core's v1 MoE "
@@ -160,7 +162,6 @@ class MoEFeedForwardConfig(Config):
 
     def build(self, d_model: int, *, layer_idx: int = 0, n_layers: int = 1, init_device: str = "cpu") -> MoEFeedForward:
         """Build the layer for block ``layer_idx`` of ``n_layers``."""
-        self.validate()
         scale = n_layers if self.scale_loss_by_num_layers else 1
         return MoEFeedForward(
             d_model,
@@ -225,6 +226,7 @@ class MoEBlockConfig(TransformerBlockConfig):
         )
 
     def _check(self) -> MoEFeedForwardConfig:
+        # The block's structure only: ``moe``'s values were validated at plan time.
         if self.moe is None:
             raise OLMoConfigurationError("MoEBlockConfig.moe must be set")
         if self.feed_forward is not None or self.feed_forward_moe is not None:
@@ -237,7 +239,6 @@ class MoEBlockConfig(TransformerBlockConfig):
             raise OLMoConfigurationError("MoEBlockConfig does not support residual alphas")
         if self.name not in (TransformerBlockType.default, TransformerBlockType.reordered_norm):
             raise OLMoConfigurationError(f"MoEBlockConfig.name={self.name!r} must be 'default' or 'reordered_norm'")
-        self.moe.validate()
         return self.moe
 
     def build(

@@ -15,72 +15,24 @@ Two execution paths, one config (``layers.moe.backend``):
 This plugin owns expert parallelism: a data-parallel strategy only asks for it (``mesh.ep``,
 e.g. ``ddp_ep`` or ``hsdp`` with ``parallel.hsdp.expert_parallel=true``), and :meth:`MoELayer.apply_model`
 places the experts over ``ep`` ranks. Checkpoints of the two paths differ only in the MoE
-keys (``blocks.<i>.feed_forward_moe.*`` vs ``blocks.<i>.moe.*``); ``modules.convert_model_state_dict``
+keys (``blocks.<i>.feed_forward_moe.*`` vs ``blocks.<i>.moe.*``); ``convert.convert_model_state_dict``
 maps them both ways.
+
+One config: :class:`~.config.MoEConfig` (``layers.moe``), validated here in :meth:`MoELayer.resolve`
+and nowhere else; the OLMo-core-side ``MoEFeedForwardConfig`` / ``MoEBlockConfig`` are derived
+from it at build (:meth:`MoELayer.moe_config`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Optional
 
 from olmx.api import Context, Contribution, LayerPlugin, Mesh, World
 from olmx.errors import ConfigError
-
-GATINGS = ("softmax", "sigmoid")
-BACKENDS = ("auto", "portable", "olmo_core")
-
-
-@dataclass
-class MoEConfig:
-    """Settings of ``layers=[moe]``."""
-
-    #: Routed experts per MoE block.
-    num_experts: int = 8
-    #: Experts each token is routed to.
-    top_k: int = 2
-    #: Hidden width of each routed expert's SwiGLU; null means the model's FFN width.
-    hidden_size: Optional[int] = None
-    #: Router scores: ``softmax`` over experts or ``sigmoid`` per expert.
-    gating: str = "softmax"
-    #: Divide the top-k combine weights by their p-norm (1.0 makes them sum to one); null: off.
-    normalize_expert_weights: Optional[float] = None
-    #: Aux-loss-free balancing: per-step expert-bias change (DeepSeek-V3: 0.001); null: off.
-    bias_gamma: Optional[float] = None
-    #: Hidden width of an always-on shared expert; null: none.
-    shared_hidden_size: Optional[int] = None
-    #: null: dropless. Otherwise each expert takes at most ceil(cf * top_k * tokens / experts)
-    #: tokens per forward; the rest are dropped (and counted).
-    capacity_factor: Optional[float] = None
-    #: Weight of the load-balancing loss (null disables).
-    lb_loss_weight: Optional[float] = 0.01
-    #: Weight of the router z-loss (null disables).
-    z_loss_weight: Optional[float] = None
-    #: Make every k-th block an MoE block (blocks k-1, 2k-1, ...); 1 = all blocks.
-    every: int = 1
-    #: Explicit block indices to turn into MoE blocks (overrides ``every``).
-    blocks: Optional[list[int]] = None
-    #: ``portable`` (olmx's MoE, runs everywhere, the tested reference), ``olmo_core``
-    #: (OLMo-core's v1 MoE with its Triton/CUDA kernels: CUDA only, not with expert parallelism
-    #: over replicated parameters (ddp_ep) or a shared expert) or ``auto``: portable for now,
-    #: because olmx has not yet run the olmo_core path on a GPU (its parity test is marked gpu)
-    #: and the two paths' checkpoints differ in their MoE keys (a resume must keep its backend);
-    #: the plan says which and why.
-    backend: str = "auto"
-
-
-def moe_blocks(cfg: MoEConfig, n_layers: int) -> list[int]:
-    """Indices of the blocks that become MoE blocks."""
-    if cfg.blocks is not None:
-        return sorted(set(cfg.blocks))
-    return [i for i in range(n_layers) if (i + 1) % cfg.every == 0]
-
-
-def expert_hidden(cfg: MoEConfig, model: Any) -> int:
-    """Hidden width of one routed expert."""
-    return cfg.hidden_size if cfg.hidden_size is not None else model.hidden_size
+from olmx_plugins.layers.moe.config import BACKENDS, GATINGS, MoEConfig, expert_hidden, moe_blocks
 
 
 def triton_interpreted() -> bool:
@@ -190,6 +142,8 @@ class MoELayer(LayerPlugin):
             raise ConfigError("layers.moe.backend", f"'{cfg.backend}' is not one of {', '.join(BACKENDS)}")
         if cfg.capacity_factor is not None and cfg.capacity_factor <= 0:
             raise ConfigError("layers.moe.capacity_factor", f"must be positive, got {cfg.capacity_factor}")
+        if cfg.bias_gamma is not None and cfg.bias_gamma <= 0:
+            raise ConfigError("layers.moe.bias_gamma", f"must be positive (null: off), got {cfg.bias_gamma}")
         if cfg.every < 1:
             raise ConfigError("layers.moe.every", f"must be at least 1, got {cfg.every}")
         blocks = moe_blocks(cfg, m.n_layers)
@@ -249,7 +203,9 @@ class MoELayer(LayerPlugin):
         return out
 
     def moe_config(self, cfg: MoEConfig, plan: Any) -> Any:
-        """The portable MoE's OLMo-core-style config."""
+        """The portable MoE's OLMo-core-side config, derived from ``cfg`` (validated by
+        :meth:`resolve`) and the plan: the expert width resolved against the model, the
+        initialisation from ``model.init_std`` and ``trainer.seed``."""
         from olmx_plugins.layers.moe.block import MoEFeedForwardConfig
 
         model = plan.run.model

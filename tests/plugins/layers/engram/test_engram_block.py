@@ -106,8 +106,8 @@ def test_config_round_trip_and_validation():
     again = Config.from_dict(cfg.as_config_dict())
     assert again == cfg
     assert isinstance(again.block["engram"], EngramBlockConfig)
-    with pytest.raises(OLMoConfigurationError, match="max_ngram_size - 1"):
-        EngramConfig(layer_ids=[1], vocab_size_per_ngram=[500])
+    # The settings are validated once, at plan time (test_engram_plugin.py::test_refusals); the
+    # derived EngramConfig checks only how its blocks were placed.
     with pytest.raises(OLMoConfigurationError, match="not in engram.layer_ids"):
         tiny_config(EngramConfig(**{**ENGRAM, "layer_ids": [0]})).build(init_device="meta")
 

@@ -63,8 +63,24 @@ def test_plan_shows_tables_and_traffic(tmp_path, monkeypatch):
             "divisible by layers.engram.n_head_per_ngram=8",
         ),
         (["layers.engram.vocab_size_per_ngram=[100]"], "layers.engram.vocab_size_per_ngram", "needs 2 entries"),
+        (
+            ["layers.engram.max_ngram_size=4", "layers.engram.vocab_size_per_ngram=[500,500]"],
+            "layers.engram.vocab_size_per_ngram",
+            "needs 3 entries (orders 2..4), got 2",
+        ),
+        (["layers.engram.vocab_size_per_ngram=[500,1]"], "layers.engram.vocab_size_per_ngram", "at least 2"),
+        (["layers.engram.layer_ids=[]"], "layers.engram.layer_ids", "must name at least one block"),
+        (["layers.engram.layer_ids=[1,1]"], "layers.engram.layer_ids", "[1, 1] has duplicates"),
+        (["layers.engram.max_ngram_size=1"], "layers.engram.max_ngram_size", "at least 2, got 1"),
+        (["layers.engram.n_head_per_ngram=0"], "layers.engram.n_head_per_ngram", "at least 1, got 0"),
+        (["layers.engram.kernel_size=0"], "layers.engram.kernel_size", "at least 1, got 0"),
         (["layers.engram.sharding=3d"], "layers.engram.sharding", "replicated, 1d, 2d"),
         (["layers.engram.sharding=2d"], "layers.engram.shard_degree", "sharding=2d needs a shard_degree"),
+        (
+            ["layers.engram.sharding=2d", "layers.engram.shard_degree=-2"],
+            "layers.engram.shard_degree",
+            "sharding=2d needs a shard_degree dividing the world size 2, got -2",
+        ),
     ],
 )
 def test_refusals(tmp_path, monkeypatch, args, field, text):

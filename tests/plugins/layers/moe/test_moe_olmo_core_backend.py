@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from olmx.api import Mesh, World
 from olmx.cli import app
 from olmx.errors import ConfigError
-from olmx_plugins.layers.moe.modules import convert_model_state_dict
+from olmx_plugins.layers.moe.convert import convert_model_state_dict
 from olmx_plugins.layers.moe.plugin import MOE, MoEConfig, choose_backend
 
 CPU, GPU = World(1, 2), World(1, 2, device="cuda", device_name="NVIDIA H100")
@@ -66,6 +66,9 @@ def test_shared_expert_needs_the_v1_mixing():
 
     with pytest.raises(OLMoConfigurationError, match="shared_expert_mixing"):
         tiny_moe_model_config().block["moe"].to_olmo_core_v1()  # olmx's default mixing: sum
+    # What a user reaches: layers.moe with a shared expert on the olmo_core backend, at plan time.
+    with pytest.raises(ConfigError, match="olmo_core cannot run here: OLMo-core's v1 MoE mixes a shared expert"):
+        choose_backend(MoEConfig(backend="olmo_core", shared_hidden_size=16), DDP, GPU)
 
 
 @pytest.mark.parametrize("dropless", [True, False])

@@ -1,0 +1,68 @@
+"""``layers=[moe]``: the one config of the MoE plugin, and what is derived from it.
+
+:class:`MoEConfig` is what users write (Hydra schema, ``olmx plugins show moe``). The plugin's
+``resolve`` is the one place that validates it (``olmx.errors.ConfigError`` at plan time);
+the OLMo-core-side :class:`~.block.MoEFeedForwardConfig` is built from the validated config
+(``MoELayer.moe_config``), takes its defaults from this class and checks nothing again.
+Torch-free: the plan imports this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+#: Values of ``gating``.
+GATINGS = ("softmax", "sigmoid")
+#: Values of ``backend``.
+BACKENDS = ("auto", "portable", "olmo_core")
+
+
+@dataclass
+class MoEConfig:
+    """Settings of ``layers=[moe]``."""
+
+    #: Routed experts per MoE block.
+    num_experts: int = 8
+    #: Experts each token is routed to.
+    top_k: int = 2
+    #: Hidden width of each routed expert's SwiGLU; null means the model's FFN width.
+    hidden_size: Optional[int] = None
+    #: Router scores: ``softmax`` over experts or ``sigmoid`` per expert.
+    gating: str = "softmax"
+    #: Divide the top-k combine weights by their p-norm (1.0 makes them sum to one); null: off.
+    normalize_expert_weights: Optional[float] = None
+    #: Aux-loss-free balancing: per-step expert-bias change (DeepSeek-V3: 0.001); null: off.
+    bias_gamma: Optional[float] = None
+    #: Hidden width of an always-on shared expert; null: none.
+    shared_hidden_size: Optional[int] = None
+    #: null: dropless. Otherwise each expert takes at most ceil(cf * top_k * tokens / experts)
+    #: tokens per forward; the rest are dropped (and counted).
+    capacity_factor: Optional[float] = None
+    #: Weight of the load-balancing loss (null disables).
+    lb_loss_weight: Optional[float] = 0.01
+    #: Weight of the router z-loss (null disables).
+    z_loss_weight: Optional[float] = None
+    #: Make every k-th block an MoE block (blocks k-1, 2k-1, ...); 1 = all blocks.
+    every: int = 1
+    #: Explicit block indices to turn into MoE blocks (overrides ``every``).
+    blocks: Optional[list[int]] = None
+    #: ``portable`` (olmx's MoE, runs everywhere, the tested reference), ``olmo_core``
+    #: (OLMo-core's v1 MoE with its Triton/CUDA kernels: CUDA only, not with expert parallelism
+    #: over replicated parameters (ddp_ep) or a shared expert) or ``auto``: portable for now,
+    #: because olmx has not yet run the olmo_core path on a GPU (its parity test is marked gpu)
+    #: and the two paths' checkpoints differ in their MoE keys (a resume must keep its backend);
+    #: the plan says which and why.
+    backend: str = "auto"
+
+
+def moe_blocks(cfg: MoEConfig, n_layers: int) -> list[int]:
+    """Indices of the blocks that become MoE blocks."""
+    if cfg.blocks is not None:
+        return sorted(set(cfg.blocks))
+    return [i for i in range(n_layers) if (i + 1) % cfg.every == 0]
+
+
+def expert_hidden(cfg: MoEConfig, model: Any) -> int:
+    """Hidden width of one routed expert."""
+    return cfg.hidden_size if cfg.hidden_size is not None else model.hidden_size
