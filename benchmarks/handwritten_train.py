@@ -3,8 +3,8 @@ of ``benchmarks/step_time.py``.
 
 Builds, without olmx, the same objects ``olmx run`` builds for ``olmx train`` with its
 defaults (``model=tiny data=stdlib parallel=[ddp] precision=fp32``): the llama-like
-``TransformerConfig``, the ``TransformerTrainModuleConfig`` (AdamW, cosine schedule with
-warm-up, gradient clipping, DDP), the ``NumpyFSLDataset`` over the byte-level stdlib token
+``TransformerConfig``, the ``TransformerTrainModuleConfig`` (OLMo-core's ``SkipStepAdamW``,
+cosine schedule with warm-up, gradient clipping, DDP), the ``NumpyFSLDataset`` over the byte-level stdlib token
 file, the ``NumpyDataLoaderConfig`` and the ``TrainerConfig`` with the same callbacks
 (synchronous checkpointer, console logger). The only addition is :class:`StepTimer`, which
 records on rank 0, per logged step, the wall clock (``time.time()``) in ``log_metrics`` —
@@ -18,6 +18,14 @@ Run it under torchrun, as olmx does::
 
 Without ``--data`` the token file comes from ``olmx.worker.data.token_files`` (the cached
 stdlib tokens ``olmx train`` uses; the only olmx call in this script).
+
+``--olmo3-1b`` (a CUDA GPU; ``benchmarks/gpu/smoke.py`` runs it beside ``olmx train
+model=olmo3_1b parallel=[fsdp]`` with the same batch) trains instead OLMo-core's own
+``TransformerConfig.olmo3_1B`` set up as OLMo-core's OLMo 3 training scripts set it up (their
+data mixes are remote, so the tokens stay the stdlib ones): flash-attention 2 where installed,
+FSDP with bfloat16 parameters and float32 reductions, ``torch.compile``, ``SkipStepAdamW``
+(lr 4e-4, weight decay 0.1 except on the embeddings, betas 0.9/0.95), clipping at 1.0, metrics
+collected every 10 steps.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from olmo_core.distributed.utils import barrier, get_rank  # noqa: E402
 from olmo_core.nn.attention import AttentionBackendName  # noqa: E402
 from olmo_core.nn.feed_forward import FeedForwardConfig  # noqa: E402
 from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig  # noqa: E402
-from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride  # noqa: E402
+from olmo_core.optim import CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig  # noqa: E402
 from olmo_core.train import (  # noqa: E402
     Duration,
     LoadStrategy,
@@ -104,6 +112,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--save-interval", type=int, default=1000)
     parser.add_argument("--data", default=None, help="token file (default: olmx's cached stdlib tokens)")
+    parser.add_argument("--olmo3-1b", action="store_true", help="OLMo-core's OLMo 3 1B, as its scripts (CUDA)")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    parser.add_argument("--global-seqs", type=int, default=GLOBAL_SEQS)
+    parser.add_argument("--micro-seqs", type=int, default=MICRO_SEQS)
+    parser.add_argument("--warmup", type=int, default=20)
     args = parser.parse_args()
     run_dir = Path(args.run_dir).absolute()
     data_path = args.data or default_token_file()
@@ -114,54 +127,74 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 
-    prepare_training_environment(seed=SEED, backend="gloo", shared_filesystem=True)
+    big = args.olmo3_1b
+    seq_len = args.seq_len
+    prepare_training_environment(seed=SEED, backend="cpu:gloo,cuda:nccl" if big else "gloo", shared_filesystem=True)
     try:
         if get_rank() == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "timing.jsonl").unlink(missing_ok=True)
         barrier()
 
-        model = TransformerConfig.llama_like(
-            d_model=128,
-            vocab_size=PADDED_VOCAB,
-            n_layers=4,
-            n_heads=4,
-            n_kv_heads=None,
-            qk_norm=False,
-            layer_norm_eps=1e-5,
-            rope_theta=500_000,
-            block_name=TransformerBlockType.default,
-            attn_backend=AttentionBackendName.torch,
-            sliding_window=None,
-            feed_forward=FeedForwardConfig(hidden_size=512, bias=False),
-            init_std=0.02,
-        ).build(init_device="meta")
+        if big:
+            import importlib.util
+
+            from olmo_core.config import DType
+
+            flash = importlib.util.find_spec("flash_attn") is not None
+            model_config = TransformerConfig.olmo3_1B(
+                vocab_size=PADDED_VOCAB,
+                attn_backend=AttentionBackendName.flash_2 if flash else AttentionBackendName.torch,
+            )
+            dp = TransformerDataParallelConfig(
+                name=DataParallelType.fsdp, param_dtype=DType.bfloat16, reduce_dtype=DType.float32
+            )
+            lr, collect = 4e-4, 10
+        model = (
+            model_config.build(init_device="meta")
+            if big
+            else TransformerConfig.llama_like(
+                d_model=128,
+                vocab_size=PADDED_VOCAB,
+                n_layers=4,
+                n_heads=4,
+                n_kv_heads=None,
+                qk_norm=False,
+                layer_norm_eps=1e-5,
+                rope_theta=500_000,
+                block_name=TransformerBlockType.default,
+                attn_backend=AttentionBackendName.torch,
+                sliding_window=None,
+                feed_forward=FeedForwardConfig(hidden_size=512, bias=False),
+                init_std=0.02,
+            ).build(init_device="meta")
+        )
 
         train_module = TransformerTrainModuleConfig(
-            rank_microbatch_size=MICRO_SEQS * SEQ_LEN,
-            max_sequence_length=SEQ_LEN,
+            rank_microbatch_size=args.micro_seqs * seq_len,
+            max_sequence_length=seq_len,
             # no weight decay on the embeddings, as OLMo-core's OLMo 2/3 scripts (and olmx's default)
-            optim=AdamWConfig(
-                lr=3e-3,
+            optim=SkipStepAdamWConfig(
+                lr=lr if big else 3e-3,
                 betas=(0.9, 0.95),
                 weight_decay=0.1,
                 group_overrides=[OptimGroupOverride(params=["embeddings.weight"], opts={"weight_decay": 0.0})],
             ),
-            scheduler=CosWithWarmup(warmup=20),
+            scheduler=CosWithWarmup(warmup=args.warmup),
             max_grad_norm=1.0,
             z_loss_multiplier=None,
-            compile_model=False,
-            dp_config=TransformerDataParallelConfig(name=DataParallelType.ddp),
+            compile_model=big,
+            dp_config=dp if big else TransformerDataParallelConfig(name=DataParallelType.ddp),
         ).build(model)
 
         tokenizer = TokenizerConfig(
             vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None, identifier="bytes"
         )
         dataset = NumpyFSLDatasetConfig(
-            tokenizer=tokenizer, paths=[data_path], sequence_length=SEQ_LEN, work_dir=str(run_dir / "work" / "dataset")
+            tokenizer=tokenizer, paths=[data_path], sequence_length=seq_len, work_dir=str(run_dir / "work" / "dataset")
         ).build()
         data_loader = NumpyDataLoaderConfig(
-            global_batch_size=GLOBAL_SEQS * SEQ_LEN,
+            global_batch_size=args.global_seqs * seq_len,
             seed=SEED,
             num_workers=0,
             work_dir=str(run_dir / "work" / "loader"),
@@ -173,7 +206,7 @@ def main() -> None:
             load_strategy=LoadStrategy.if_available,
             save_overwrite=True,
             max_duration=Duration.steps(args.steps),
-            metrics_collect_interval=1,
+            metrics_collect_interval=collect if big else 1,
             cancel_check_interval=10,
             callbacks={
                 "checkpointer": CheckpointerCallback(

@@ -18,9 +18,9 @@ Plugins never name each other. They meet through capabilities that the core comp
 * the :class:`Dtypes` (the precision plugin's :meth:`PrecisionPlugin.dtypes`): parameter /
   compute and reduction dtypes, applied by the core (FSDP mixed precision where the mesh
   shards parameters, ``torch.autocast`` elsewhere);
-* :attr:`LayerPlugin.experts` (a layer with experts takes ``mesh.ep``) and
-  :attr:`Contribution.own_mesh_params` (parameters on a mesh of their own: the core's
-  gradient clipping then takes the global norm across meshes).
+* :attr:`LayerPlugin.experts` (a layer with experts takes ``mesh.ep``). Parameters on a mesh
+  of their own need no declaration: the core's gradient clipping takes the global norm
+  across any meshes (:mod:`olmx.worker.clip`).
 
 Resolve order: infra ``world``; parallel ``claim`` then the data-parallel strategy's
 ``layout`` (-> :class:`Mesh`); precision ``dtypes``; then every plugin's ``resolve`` against
@@ -215,10 +215,6 @@ class Contribution:
     #: Decisions made here (plain data: str, int, float, bool, lists, dicts), saved in the plan
     #: and read back at build time with :meth:`Plugin.decided` instead of being recomputed.
     decisions: dict[str, Any] = field(default_factory=dict)
-    #: True when this plugin puts parameters on a device mesh of their own (experts sharded
-    #: over an EP mesh, row-sharded tables): OLMo-core's gradient clipping cannot mix meshes,
-    #: so the core clips with its own global norm across meshes (one clipping, in core).
-    own_mesh_params: bool = False
 
 
 @dataclass(frozen=True)

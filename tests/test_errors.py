@@ -29,6 +29,8 @@ CATALOGUE = [
     (["trainer.micro_batch_size=0"], "trainer.micro_batch_size", "positive"),
     (["trainer.schedule=step"], "trainer.schedule", "cosine, linear, constant"),
     (["trainer.betas=[0.9]"], "trainer.betas", "two numbers"),
+    (["trainer.optimizer=sgd"], "trainer.optimizer", "skip_step_adamw, adamw"),
+    (["trainer.compile=true"], "trainer.compile", "OLMo-core 3.0.0 applies torch.compile only where CUDA"),
     (["trainer.activation_checkpointing=partial"], "trainer.activation_checkpointing", "full"),
     (["trainer.run_dir=/etc/hostname/run"], "trainer.run_dir", "not a directory"),
     (["data=text"], "data.paths", "data=text needs at least one file: data.paths=[path/to/file,...]"),

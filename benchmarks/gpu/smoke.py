@@ -6,8 +6,11 @@ Steps, each recorded as one JSON object in ``OUT/smoke.json`` and summarised in
 1. environment: GPU name and compute capability, torch/CUDA/OLMo-core/torchao versions,
    whether torchao's C++ extensions loaded, whether flash-attn is installed;
 2. ``pytest -m gpu`` (the parity tests marked ``gpu``), pass/fail counts;
-3. a 1B run (``model=olmo3_1b``, the fast defaults: ``precision=auto`` -> bf16, compile on,
-   the attention rule), 30 steps: tokens/s, MFU, peak memory from its ``metrics.jsonl``;
+3. a 1B run (``model=olmo3_1b parallel=[fsdp]``, the fast defaults: ``precision=auto`` ->
+   bf16, compile on, the attention rule), 30 steps: tokens/s, MFU, peak memory from its
+   ``metrics.jsonl``; then the same model and batch through OLMo-core alone, set up as its
+   OLMo 3 training scripts (``benchmarks/handwritten_train.py --olmo3-1b``), and the tokens/s
+   ratio olmx / OLMo-core (the goal: within 2%);
 4. 10-step runs of a 30M model through each path: ddp + bf16, fsdp + compile, fp8 (rowwise
    and tensorwise), MXFP8 where the GPU has SM100, MoE portable and olmo_core, Engram.
 
@@ -59,6 +62,7 @@ PATHS: list[tuple[str, list[str], tuple[int, int]]] = [
 ]
 BIG = [
     "model=olmo3_1b",
+    "parallel=[fsdp]",
     "data.seq_len=4096",
     "trainer.global_batch_size=8",
     "trainer.micro_batch_size=4",
@@ -137,6 +141,43 @@ def olmx_train(run_dir: Path, overrides: list[str], *, plan_only: bool, gpu_name
     return result
 
 
+def olmo_core_script(run_dir: Path, *, timeout: int) -> dict:
+    """``benchmarks/handwritten_train.py --olmo3-1b`` with :data:`BIG`'s batch, one GPU, under
+    torchrun as olmx starts it; tokens/s from its per-step clock (later half of the run)."""
+    seq, gbs, mbs, steps, warmup = 4096, 8, 4, 30, 5  # as BIG
+    args = [
+        *[sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=1", "--standalone"],
+        str(REPO / "benchmarks" / "handwritten_train.py"),
+        *["--olmo3-1b", "--run-dir", str(run_dir), "--steps", str(steps), "--warmup", str(warmup)],
+        *["--seq-len", str(seq), "--global-seqs", str(gbs), "--micro-seqs", str(mbs)],
+    ]
+    start = time.time()
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
+        code, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, out = 124, f"timed out after {timeout} s: {exc}"
+    result: dict = {"exit": code, "seconds": round(time.time() - start, 1)}
+    if code:
+        result["tail"] = out[-1500:]
+    timing = run_dir / "timing.jsonl"
+    if timing.exists():
+        recs = [json.loads(line) for line in timing.read_text().splitlines() if line.strip()]
+        later = recs[len(recs) // 2 :]
+        rates = [
+            (b["step"] - a["step"]) * seq * gbs / (b["time"] - a["time"])
+            for a, b in zip(later, later[1:], strict=False)
+            if b["time"] > a["time"]
+        ]
+        result.update(
+            steps=recs[-1]["step"] if recs else 0,
+            first_loss=recs[0]["loss"] if recs else None,
+            last_loss=recs[-1]["loss"] if recs else None,
+            tokens_per_s=statistics.median(rates) if rates else None,
+        )
+    return result
+
+
 def pytest_gpu() -> dict:
     """``pytest -m gpu``: the parity tests that need CUDA."""
     proc = subprocess.run(
@@ -181,6 +222,14 @@ def main() -> int:
     runs = args.out / "runs"
     big = olmx_train(runs / "1b", BIG, plan_only=args.plan_only, gpu_name=args.gpu_name, timeout=200)
     records.append({"step": "olmo3_1b (fast defaults)", **big})
+    if args.plan_only:
+        records.append({"step": "olmo3_1b, OLMo-core alone", "skipped": "runs only on a GPU"})
+    else:
+        ref = olmo_core_script(runs / "1b_olmo_core", timeout=200)
+        if big.get("tokens_per_s") and ref.get("tokens_per_s"):
+            ref["summary"] = f"olmx / OLMo-core tokens/s = {big['tokens_per_s'] / ref['tokens_per_s']:.3f}"
+        records.append({"step": "olmo3_1b, OLMo-core alone", **ref})
+    (args.out / "smoke.json").write_text(json.dumps(records, indent=2))  # keep what ran so far
     for name, overrides, need in PATHS:
         if cc is not None and cc < need:
             records.append({"step": name, "skipped": f"needs compute capability {need[0]}.{need[1]}"})

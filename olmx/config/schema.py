@@ -111,7 +111,12 @@ class TrainerConfig:
     #: Sequences per forward/backward pass on one process (gradients are accumulated
     #: when the global batch needs more).
     micro_batch_size: int = 8
-    #: Peak learning rate (AdamW).
+    #: ``skip_step_adamw`` (OLMo-core's ``SkipStepAdamW``, as its OLMo 2/3 training scripts:
+    #: AdamW that skips, on the device and without a host sync, a step whose loss or gradient
+    #: norm is more than 6 standard deviations above the mean of the last 128 steps, once 64
+    #: steps are known) or ``adamw`` (``torch.optim.AdamW``). Multi-tensor kernels on CUDA.
+    optimizer: str = "skip_step_adamw"
+    #: Peak learning rate.
     lr: float = 3e-3
     #: AdamW betas.
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -148,7 +153,8 @@ class TrainerConfig:
     #: keep attention outputs, recompute feed-forward and norms), or null for none.
     activation_checkpointing: Optional[str] = None
     #: ``torch.compile`` the blocks: ``auto`` (on with CUDA, as OLMo-core's training scripts;
-    #: off on CPUs, where inductor compiles slowly for little gain), ``true`` or ``false``.
+    #: off on CPUs, where inductor compiles slowly for little gain), ``true`` (CUDA only:
+    #: OLMo-core 3.0.0 skips compiling where CUDA is missing) or ``false``.
     compile: str = "auto"
     #: What a non-finite (NaN/inf) loss or gradient does: ``stop`` saves a checkpoint of the
     #: last good parameters and stops (``olmx train`` exits with 76); ``skip`` skips that

@@ -14,11 +14,6 @@ from olmx.config.schema import RunConfig
 from olmx.plan.execution import Execution
 from olmx.rundir import PLAN_FILE
 
-#: ``Plan.clip``: who clips gradients. ``olmo_core``: OLMo-core's train module; ``olmx``: the
-#: core's clipping across device meshes (a plugin put parameters on a mesh of their own);
-#: ``off``: ``trainer.max_grad_norm`` is null.
-CLIP_MODES = ("olmo_core", "olmx", "off")
-
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -71,8 +66,6 @@ class Plan:
     run_dir: str
     #: Step of the checkpoint the run resumes from (None: starts fresh).
     resume_step: int | None
-    #: Who clips gradients (:data:`CLIP_MODES`).
-    clip: str = "olmo_core"
     #: The attention rule, ``torch.compile`` and the metrics cadence for the target's device.
     execution: Execution = field(default_factory=Execution)
     #: Plugin section (``layers.moe``) -> the decisions its ``resolve`` made.

@@ -81,6 +81,12 @@ def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
     mode = str(t.compile).lower()
     if mode not in COMPILE_MODES:
         raise ConfigError("trainer.compile", f"'{t.compile}' is not one of {', '.join(COMPILE_MODES)}")
+    if mode == "true" and world.device != "cuda":
+        raise ConfigError(
+            "trainer.compile",
+            f"true needs CUDA GPUs: OLMo-core 3.0.0 applies torch.compile only where CUDA is available "
+            f"(this run's device is {world.device_name}); use trainer.compile=auto or false",
+        )
     compile_ = world.device == "cuda" if mode == "auto" else mode == "true"
     notes.append(
         f"torch.compile: {'on' if compile_ else 'off'}"

@@ -25,6 +25,7 @@ from olmx.rundir import RunDir
 
 BLOCKS = ("default", "reordered_norm")
 SCHEDULES = ("cosine", "linear", "constant")
+OPTIMIZERS = ("skip_step_adamw", "adamw")
 DATA_SOURCES = ("stdlib", "text", "numpy")
 #: Upper bound of ``data.seq_len``: longer sequences are a typo, not a run (OLMo-core keeps
 #: RoPE tables and attention over the whole sequence; 1 Mi tokens is beyond any olmx recipe,
@@ -98,13 +99,6 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     extra = sum(c.params for c in contributions.values())
     extra_active = sum(c.active_params for c in contributions.values())
     params = ParamCounts(total=base.total + extra, embedding=base.embedding, active=base.active + extra_active)
-    clip = (
-        "off"
-        if t.max_grad_norm is None
-        else "olmx"
-        if any(c.own_mesh_params for c in contributions.values())
-        else "olmo_core"
-    )
 
     run_dir = _run_dir(run, now or datetime.now())
     resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
@@ -120,7 +114,6 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
         vocab_size=vocab,
         run_dir=run_dir,
         resume_step=resume_step,
-        clip=clip,
         execution=execution,
         decisions={k: c.decisions for k, c in contributions.items() if c.decisions},
         sections={
@@ -412,6 +405,8 @@ def _check_trainer(run: RunConfig) -> None:
         raise ConfigError("trainer.schedule", f"'{t.schedule}' is not one of {', '.join(SCHEDULES)}")
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
         raise ConfigError("trainer.betas", f"must be two numbers in [0, 1), got {list(t.betas)}")
+    if t.optimizer not in OPTIMIZERS:
+        raise ConfigError("trainer.optimizer", f"'{t.optimizer}' is not one of {', '.join(OPTIMIZERS)}")
     if t.on_nonfinite not in ("stop", "skip"):
         raise ConfigError("trainer.on_nonfinite", f"'{t.on_nonfinite}' is not one of stop, skip")
     if t.activation_checkpointing not in (None, *AC_MODES):
@@ -486,12 +481,16 @@ def describe_plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("vocabulary", f"{plan.vocab_size} (padded)"),
         ("dtypes", f"compute {plan.dtypes.param}, gradient reduction {plan.dtypes.reduce}, master weights float32"),
         (
+            "optimizer",
+            {"skip_step_adamw": "OLMo-core SkipStepAdamW", "adamw": "torch AdamW"}[plan.run.trainer.optimizer]
+            + f", lr {plan.run.trainer.lr:g}, weight decay {plan.run.trainer.weight_decay:g}"
+            + ("" if plan.run.trainer.decay_embeddings else " (not on the embeddings)"),
+        ),
+        (
             "gradient clipping",
-            {
-                "olmo_core": f"global norm {plan.run.trainer.max_grad_norm} (OLMo-core)",
-                "olmx": f"global norm {plan.run.trainer.max_grad_norm} across device meshes (olmx)",
-                "off": "off",
-            }[plan.clip],
+            "off"
+            if plan.run.trainer.max_grad_norm is None
+            else f"global norm {plan.run.trainer.max_grad_norm}, across device meshes",
         ),
         *(("execution", note) for note in plan.execution.notes),
         ("run dir", plan.run_dir),

@@ -1,51 +1,64 @@
-"""The core's gradient clipping across device meshes (``plan.clip == "olmx"``).
+"""The global gradient norm across device meshes, and clipping by it.
 
 OLMo-core's train module clips with ``torch.nn.utils.get_total_norm``, which cannot mix
 plain-tensor gradients (DDP) with DTensor gradients, nor DTensors of different meshes (experts
-sharded over an expert-parallel mesh, Engram tables row-sharded over their own mesh). Plugins
-that put parameters on a mesh of their own say so (``Contribution.own_mesh_params``); the plan
-then disables OLMo-core's clipping and this callback clips instead, once, for all of them.
+sharded over an expert-parallel mesh, Engram tables row-sharded over their own mesh). olmx
+takes the norm itself, once per step, for every run (:class:`olmx.worker.faults.TrainingGuard`:
+the same norm decides a non-finite step, scales the gradients and feeds OLMo-core's
+``SkipStepAdamW``).
 
 The global norm is ``sqrt(sum of squares)`` over every gradient, each counted once: a plain
 tensor is identical on every rank after DDP's all-reduce and is summed locally; a DTensor's
 local shard is summed and the sum all-reduced over every mesh dimension on which it is not
 replicated (``Shard``, ``_StridedShard``, ``Partial``), never over those where it is. No
-gradient is gathered: only one scalar per (mesh, placements) group crosses ranks.
+gradient is gathered: only one scalar per (mesh, placements) group crosses ranks, and the
+per-tensor norms are multi-tensor (``torch._foreach_norm``) kernels, as torch's own clipping.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from olmo_core.train.callbacks import Callback
 from torch.distributed.tensor import DTensor
+
+
+def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``sum(t.norm() ** 2)`` in float32, with one fused norm kernel per device and dtype."""
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for t in tensors:
+        by_kind[(t.device, t.dtype)].append(t)
+    parts = [torch.stack(torch._foreach_norm(ts)).float().pow(2).sum() for ts in by_kind.values()]
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part.to(total.device)
+    return total
 
 
 @torch.no_grad()
 def global_grad_norm(parameters: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     """The L2 norm of all gradients of ``parameters`` (plain tensors and DTensors on any
     meshes), the same on every rank; collective over the DTensors' meshes."""
-    plain: torch.Tensor | None = None
-    groups: dict[tuple[object, tuple[object, ...]], torch.Tensor] = {}
-    meshes: dict[tuple[object, tuple[object, ...]], DTensor] = {}
+    plain: list[torch.Tensor] = []
+    groups: dict[tuple[object, tuple[object, ...]], list[torch.Tensor]] = defaultdict(list)
+    examples: dict[tuple[object, tuple[object, ...]], DTensor] = {}
     for p in parameters:
         g = p.grad
         if g is None:
             continue
         if isinstance(g, DTensor):
             key = (g.device_mesh, tuple(g.placements))
-            sq = g.to_local().float().pow(2).sum()
-            groups[key] = groups[key] + sq if key in groups else sq
-            meshes.setdefault(key, g)
-        else:
-            sq = g.float().pow(2).sum()
-            plain = sq if plain is None else plain + sq
-    total = plain
-    for key, sq in groups.items():
-        example = meshes[key]
+            if g.to_local().numel():
+                groups[key].append(g.to_local())
+            examples.setdefault(key, g)
+        elif g.numel():
+            plain.append(g)
+    total = _sum_of_squares(plain) if plain else None
+    for key, example in examples.items():
+        locals_ = groups.get(key)
+        sq = _sum_of_squares(locals_) if locals_ else torch.zeros((), device=example.to_local().device)
         for dim, placement in enumerate(example.placements):
             # Shard, _StridedShard (FSDP over a sharded DTensor: not a Shard subclass in torch
             # 2.13) and Partial all hold disjoint parts of the sum; only Replicate does not.
@@ -56,27 +69,26 @@ def global_grad_norm(parameters: Iterable[torch.nn.Parameter]) -> torch.Tensor:
 
 
 @torch.no_grad()
+def clip_grads_with_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float, total: torch.Tensor) -> None:
+    """Scale all gradients by ``min(1, max_norm / total)`` (``total``: their global norm), on
+    the device, with one multi-tensor kernel per device and dtype."""
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for p in parameters:
+        g = p.grad
+        if g is None:
+            continue
+        local = g.to_local() if isinstance(g, DTensor) else g
+        by_kind[(local.device, local.dtype)].append(local)
+    for (device, dtype), grads in by_kind.items():
+        torch._foreach_mul_(grads, coef.to(device, dtype))
+
+
+@torch.no_grad()
 def clip_grad_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Scale all gradients so their global norm is at most ``max_norm``; return the norm
     before clipping."""
     params = [p for p in parameters if p.grad is not None]
     total = global_grad_norm(params)
-    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for p in params:
-        g = p.grad
-        local = g.to_local() if isinstance(g, DTensor) else g
-        local.mul_(coef.to(local.device, local.dtype))
+    clip_grads_with_norm_(params, max_norm, total)
     return total
-
-
-@dataclass
-class GradClipCallback(Callback):
-    """Global-norm gradient clipping before every optimizer step, across device meshes;
-    records the norm as OLMo-core's own clipping does (``optim/total grad norm``)."""
-
-    max_norm: float = 1.0
-
-    def pre_optim_step(self) -> None:
-        """After the last micro-batch's backward, before the step."""
-        norm = clip_grad_norm_(self.trainer.train_module.model.parameters(), self.max_norm)
-        self.trainer.record_metric("total grad norm", norm, reduce_type=None, namespace="optim")

@@ -5,24 +5,34 @@ exchange every ``cancel_check_interval`` steps in a bookkeeping thread (``traine
 ``_check_if_canceled``): each rank sees the agreed flag whenever that thread finishes, so one
 rank can stop while another is already in the next step's collectives. olmx installs handlers
 that only set a flag (:func:`install_stop_handlers`, from the first line of the worker, so a
-signal during start-up is kept) and :class:`TrainingGuard` all-reduces that flag synchronously
-once per step, before the optimizer step. Every rank gets the same answer at the same step,
-finishes the step, and cancels with ``Trainer.cancel_run(no_sync=True)``; the checkpointer's
-``post_train`` then saves that step. The worker exits with ``EXIT_PREEMPTED`` (75).
+signal during start-up is kept) and :class:`TrainingGuard` all-reduces that flag synchronously,
+before the optimizer step, every ``stop_check_interval`` steps and at the run's last step.
+Every rank gets the same answer at the same step, finishes the step, and cancels with
+``Trainer.cancel_run(no_sync=True)``; the checkpointer's ``post_train`` then saves that step.
+The worker exits with ``EXIT_PREEMPTED`` (75).
 
-**Non-finite loss or gradients.** In the same all-reduce every rank reports whether its loss
-(``train/CE loss``) or the norm of any of its local gradient shards is non-finite, so all ranks
-act alike (``trainer.on_nonfinite``):
+**Non-finite loss or gradients.** Before every optimizer step the guard takes the global
+gradient norm once (:func:`olmx.worker.clip.global_grad_norm`, the same on every rank); that
+norm decides whether the step is non-finite (together with the loss), scales the gradients
+(``trainer.max_grad_norm``) and feeds OLMo-core's ``SkipStepAdamW`` its rolling statistics. All
+ranks act alike (``trainer.on_nonfinite``):
 
-- ``skip``: the gradients are dropped (``zero_grad(set_to_none=True)``; torch's AdamW leaves a
+- ``skip``: the gradients are dropped (``zero_grad(set_to_none=True)``; AdamW leaves a
   parameter without a gradient, its moments and its step count untouched, so the optimizer
   step is a no-op), the step's ``train/*`` metrics are removed (OLMo-core raises on a
-  non-finite loss when it logs it), and the step is counted in the summary.
+  non-finite loss when it logs it) and so is its loss from ``SkipStepAdamW``'s statistics,
+  and the step is counted in the summary.
 - ``stop``: the same, then the run stops as on a signal: the checkpoint saved at that step
   holds the parameters and optimizer state from before it (the bad batch is not applied, the
   data position is after it), and the worker exits with ``EXIT_NONFINITE`` (76).
 
-Cost: one all-reduce of two integers and one host sync per step.
+Cost, beyond the norm that clipping takes anyway: one host read of the verdict per step. Under
+``SkipStepAdamW`` (the default) OLMo-core has already all-reduced the loss and the norm is
+global, so the verdict needs no collective; the stop signals are agreed with one all-reduce of
+two integers every ``stop_check_interval`` steps (the plan's metrics cadence: every step on
+CPUs, every 10 on CUDA, when the Trainer syncs anyway) and at the last step. With
+``trainer.optimizer=adamw`` the loss is each rank's own, and the verdict is all-reduced every
+step.
 
 **Fault injection** (tests and ``benchmarks/soak.py`` only). ``OLMX_FAULTS`` in the worker's
 environment is a comma-separated list of ``KIND@STEP`` or ``KIND@STEP:RANK`` (default rank 0;
@@ -76,26 +86,10 @@ def agree_stop() -> int:
     return int(flag.item())
 
 
-def _local_nonfinite(trainer: Any) -> bool:
-    """Whether this rank's loss or any of its local gradient shards is NaN/inf."""
-    import torch
-    from olmo_core.distributed.utils import get_local_tensor
-    from olmo_core.train.common import TRAIN_CE_LOSS_METRIC
-
-    loss = trainer.get_metric(TRAIN_CE_LOSS_METRIC)
-    if loss is not None and not bool(torch.isfinite(get_local_tensor(loss)).all()):
-        return True
-    grads = [get_local_tensor(p.grad) for p in trainer.train_module.model.parameters() if p.grad is not None]
-    grads = [g for g in grads if g.numel()]
-    if not grads:
-        return False
-    norms = torch._foreach_norm(grads)  # one fused pass; NaN/inf anywhere makes its norm non-finite
-    return not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
-
-
 @dataclass
 class TrainingGuard(Callback):
-    """Agrees on stop signals and non-finite steps across ranks, once per step (module doc)."""
+    """Before every optimizer step: the global gradient norm (once), the non-finite check,
+    clipping, and the stop-signal agreement (module doc)."""
 
     #: Runs after every other callback's ``pre_optim_step`` (an injected fault comes first).
     priority: ClassVar[int] = -100
@@ -103,6 +97,13 @@ class TrainingGuard(Callback):
     #: ``stop`` or ``skip`` (``trainer.on_nonfinite``).
     on_nonfinite: str = "stop"
     run_dir: str = ""
+    #: Clip gradients to this global norm (``trainer.max_grad_norm``; None: no clipping).
+    max_grad_norm: float | None = None
+    #: Agree on stop signals every this many steps (the plan's metrics cadence, when the
+    #: Trainer syncs with the device anyway), and at the last step.
+    stop_check_interval: int = 1
+    #: The step this run ends at (``trainer.stop_at_step`` or ``trainer.max_steps``).
+    last_step: int = 0
     #: Steps skipped or stopped at for a non-finite loss/gradient (kept in checkpoints).
     nonfinite_steps: list[int] = field(default_factory=list)
     #: Why the run is stopping early: a signal name or ``nonfinite`` (None: it is not).
@@ -115,33 +116,68 @@ class TrainingGuard(Callback):
             request_stop(signal.SIGTERM)
 
     def pre_optim_step(self) -> None:
-        """The per-step all-reduce of (stop signal, non-finite) and what follows from it."""
+        """The step's norm and verdict; on a good step clip and feed ``SkipStepAdamW``."""
         import torch
         import torch.distributed as dist
+        from olmo_core.distributed.utils import get_local_tensor
+        from olmo_core.optim import SkipStepOptimizer
+        from olmo_core.train.common import TRAIN_CE_LOSS_METRIC
+
+        from olmx.worker.clip import clip_grads_with_norm_, global_grad_norm
+
+        module = self.trainer.train_module
+        optim = module.optim
+        params = [p for p in module.model.parameters() if p.grad is not None]
+        norm = global_grad_norm(params)  # the same on every rank
+        bad = ~torch.isfinite(norm)
+        loss = self.trainer.get_metric(TRAIN_CE_LOSS_METRIC)
+        if loss is not None:
+            bad = bad | ~torch.isfinite(get_local_tensor(loss).to(norm.device)).all()
+        # With a SkipStepOptimizer OLMo-core has already all-reduced the loss: the verdict is the
+        # same on every rank without a collective. Otherwise the loss is this rank's own.
+        loss_is_global = isinstance(optim, SkipStepOptimizer)
+        check_stop = self.step % self.stop_check_interval == 0 or self.step >= self.last_step
+        stop = stop_requested() if check_stop else 0
+        if dist.is_available() and dist.is_initialized() and (check_stop or not loss_is_global):
+            flags = torch.stack([torch.tensor(stop, device=norm.device), bad.long()])
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            signum, nonfinite = int(flags[0]), bool(flags[1])  # the step's one host sync
+        else:
+            signum, nonfinite = stop, bool(bad)  # the step's one host sync
+        if nonfinite:
+            self._drop_step(optim if loss_is_global else None)
+        else:
+            if self.max_grad_norm is not None:
+                clip_grads_with_norm_(params, self.max_grad_norm, norm)
+            # As OLMo-core's own clipping: already the global value, so no reduction.
+            self.trainer.record_metric("total grad norm", norm, reduce_type=None, namespace="optim")
+            if isinstance(optim, SkipStepOptimizer):
+                optim.latest_grad_norm = norm
+        if signum and self.stop_reason is None:
+            self.stop_reason = signal.Signals(signum).name
+
+    def _drop_step(self, skip_step_optim: Any) -> None:
+        """A non-finite step: drop its gradients, its metrics and (``SkipStepAdamW``) its loss
+        from the optimizer's rolling statistics, which a NaN would poison for 128 steps."""
         from olmo_core.distributed.utils import get_rank
         from olmo_core.train.common import ReduceType
 
-        flags = torch.tensor([stop_requested(), int(_local_nonfinite(self.trainer))], dtype=torch.int64)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        signum, nonfinite = int(flags[0]), bool(flags[1])
-        if nonfinite:
-            self.trainer.train_module.zero_grads()
-            # OLMo-core raises on a non-finite CE loss when it logs the step's metrics and has no
-            # public way to withdraw a recorded metric: drop this step's losses from its buffer.
-            step_metrics = getattr(self.trainer, "_metrics", {}).get(self.step, {})
-            for name in [n for n in step_metrics if n.startswith("train/")]:
-                del step_metrics[name]
-            self.trainer.record_metric("olmx/non-finite step", 1.0, reduce_type=ReduceType.max)
-            self.nonfinite_steps.append(self.step)
-            action = "skipped" if self.on_nonfinite == "skip" else "stopping"
-            log.warning(f"non-finite loss or gradient at step {self.step}: optimizer step {action}")
-            if get_rank() == 0:
-                append_event(self.run_dir, "nonfinite", step=self.step, action=self.on_nonfinite)
-            if self.on_nonfinite == "stop":
-                self.stop_reason = self.stop_reason or "nonfinite"
-        if signum and self.stop_reason is None:
-            self.stop_reason = signal.Signals(signum).name
+        self.trainer.train_module.zero_grads()
+        if skip_step_optim is not None and skip_step_optim._losses:
+            skip_step_optim._losses.pop()  # appended by the train module's train_batch
+        # OLMo-core raises on a non-finite CE loss when it logs the step's metrics and has no
+        # public way to withdraw a recorded metric: drop this step's losses from its buffer.
+        step_metrics = getattr(self.trainer, "_metrics", {}).get(self.step, {})
+        for name in [n for n in step_metrics if n.startswith("train/")]:
+            del step_metrics[name]
+        self.trainer.record_metric("olmx/non-finite step", 1.0, reduce_type=ReduceType.max)
+        self.nonfinite_steps.append(self.step)
+        action = "skipped" if self.on_nonfinite == "skip" else "stopping"
+        log.warning(f"non-finite loss or gradient at step {self.step}: optimizer step {action}")
+        if get_rank() == 0:
+            append_event(self.run_dir, "nonfinite", step=self.step, action=self.on_nonfinite)
+        if self.on_nonfinite == "stop":
+            self.stop_reason = self.stop_reason or "nonfinite"
 
     def post_step(self) -> None:
         """Cancel on every rank at the step they agreed on (the checkpointer then saves it)."""
@@ -221,10 +257,16 @@ class FaultInjector(Callback):
             inject(kind, self.step)
 
 
-def fault_callbacks(run: Any, run_dir: str) -> dict[str, Callback]:
+def fault_callbacks(run: Any, run_dir: str, stop_check_interval: int = 1) -> dict[str, Callback]:
     """The Trainer callbacks of this module for a run."""
     callbacks: dict[str, Callback] = {
-        "olmx_guard": TrainingGuard(on_nonfinite=run.trainer.on_nonfinite, run_dir=run_dir)
+        "olmx_guard": TrainingGuard(
+            on_nonfinite=run.trainer.on_nonfinite,
+            run_dir=run_dir,
+            max_grad_norm=run.trainer.max_grad_norm,
+            stop_check_interval=stop_check_interval,
+            last_step=min(run.trainer.max_steps, run.trainer.stop_at_step or run.trainer.max_steps),
+        )
     }
     if os.environ.get(FAULTS_ENV):
         configure_faults(run_dir)

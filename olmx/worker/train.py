@@ -11,9 +11,16 @@ from olmx.rundir import RunDir
 
 def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
     """Keyword arguments of OLMo-core's ``TransformerTrainModuleConfig``: the core's settings
-    (optimizer, schedule, clipping), every plugin's ``apply_train_module`` in
+    (optimizer, schedule), every plugin's ``apply_train_module`` in
     :data:`olmx.api.KIND_ORDER`, then the plan's dtypes on the ``dp_config`` they set."""
-    from olmo_core.optim import AdamWConfig, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup, OptimGroupOverride
+    from olmo_core.optim import (
+        AdamWConfig,
+        ConstantWithWarmup,
+        CosWithWarmup,
+        LinearWithWarmup,
+        OptimGroupOverride,
+        SkipStepAdamWConfig,
+    )
 
     from olmx.plan.resolve import plugins_in_order
 
@@ -25,16 +32,22 @@ def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "rank_microbatch_size": plan.batch.micro_tokens,
         "max_sequence_length": plan.batch.seq_len,
-        # foreach (multi-tensor) kernels on GPUs, as OLMo-core's scripts; torch's choice on CPUs.
-        "optim": AdamWConfig(
-            lr=t.lr,
-            betas=tuple(t.betas),
-            weight_decay=t.weight_decay,
-            foreach=True if plan.world.device == "cuda" else None,
+        # foreach (multi-tensor) kernels on GPUs; torch's (AdamW) or OLMo-core's default on CPUs.
+        "optim": (
+            SkipStepAdamWConfig(
+                lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, foreach=plan.world.device == "cuda"
+            )
+            if t.optimizer == "skip_step_adamw"
+            else AdamWConfig(
+                lr=t.lr,
+                betas=tuple(t.betas),
+                weight_decay=t.weight_decay,
+                foreach=True if plan.world.device == "cuda" else None,
+            )
         ),
         "scheduler": schedulers[t.schedule](**scheduler_kwargs),
-        # Who clips is the plan's decision; olmx's own clipping is a callback (build_trainer).
-        "max_grad_norm": t.max_grad_norm if plan.clip == "olmo_core" else None,
+        # olmx clips, across device meshes, in its guard (build_trainer).
+        "max_grad_norm": None,
         "z_loss_multiplier": t.z_loss,
         "compile_model": plan.execution.compile,
     }
@@ -149,12 +162,8 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
             resumed_from=plan.resume_step,
         ),
     }
-    callbacks.update(fault_callbacks(run, str(run_dir)))
-    if plan.clip == "olmx":
-        from olmx.worker.clip import GradClipCallback
-
-        assert t.max_grad_norm is not None  # plan.clip is "off" without it
-        callbacks["olmx_grad_clip"] = GradClipCallback(max_norm=t.max_grad_norm)
+    # The guard takes the gradient norm, clips and feeds SkipStepAdamW (olmx.worker.faults).
+    callbacks.update(fault_callbacks(run, str(run_dir), stop_check_interval=plan.execution.log_interval))
     callbacks.update(plugin_callbacks(plan, reg))
     return TrainerConfig(
         save_folder=str(rd.checkpoints),

@@ -146,7 +146,6 @@ class EngramLayer(LayerPlugin):
             rows=rows,
             params=table_params + n * dense,
             active_params=n * (dense + heads * dim),
-            own_mesh_params=cfg.sharding != "replicated",
         )
 
     def engram_config(self, cfg: EngramLayerConfig, plan: Any) -> Any:

@@ -181,7 +181,6 @@ class MoELayer(LayerPlugin):
             params=len(blocks) * (per_block - dense),
             active_params=len(blocks) * (active - dense),
             decisions={"backend": backend},
-            own_mesh_params=mesh.ep > 1 and backend == "portable",
         )
 
     def linear_layers(self, cfg: MoEConfig, ctx: Context, layers: list[Any]) -> list[Any]:
