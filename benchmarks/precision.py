@@ -43,13 +43,19 @@ def build(mode: str, *, seed: int):
     import torch
 
     from olmx.config.schema import ModelConfig
+    from olmx.plan.linears import dense_linears
     from olmx.worker.model import build_model_config
     from olmx_plugins.precision.mx import apply_mxfp8
-    from olmx_plugins.precision.mxfp8 import MXFP8Config
+    from olmx_plugins.precision.mxfp8 import MXFP8Config, keep_reason
 
     model = build_model_config(ModelConfig(), vocab_size=384).build(init_device="meta")
-    if mode == "mxfp8-emulated":
-        apply_mxfp8(model, MXFP8Config(emulate=True), emulate=True)
+    if mode == "mxfp8-emulated":  # the layers the plan would list (its rule on the dense model)
+        convert = [
+            x.name
+            for x in dense_linears(ModelConfig(), 384)
+            if keep_reason(x.name, x.in_features, x.out_features, keep=x.keep) is None
+        ]
+        apply_mxfp8(model, MXFP8Config(emulate=True), convert=convert, emulate=True)
     torch.manual_seed(seed)
     model.init_weights(device=torch.device("cpu"), max_seq_len=4096)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)

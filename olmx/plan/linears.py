@@ -5,7 +5,9 @@
 Layer plugins that replace or add modules edit the list through their hook
 :meth:`olmx.api.LayerPlugin.linear_layers` (in the order they edit the model; the whole list is
 :meth:`olmx.api.Context.linear_layers`), so that what a precision plugin plans to convert
-(MXFP8) is what the worker converts in the built model.
+(MXFP8, FP8) is what the worker converts in the built model. A layer that must stay in high
+precision whatever the precision plugin says carries the reason (``keep``): whoever adds the
+layer knows why, so no precision plugin needs another plugin's module names.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ class LinearLayer:
     out_features: int
     #: True for an ``nn.Linear`` subclass (its own methods, e.g. a custom initialisation).
     subclass: bool = False
+    #: Why this layer stays in high precision under any low-precision plugin (None: the
+    #: precision plugin's own rule decides).
+    keep: str | None = None
+
+
+#: Why the output head is never converted to a low-precision format.
+HEAD_KEEP = "output head: its logits feed the softmax and loss (OLMo-core never converts it)"
 
 
 def dense_linears(model: Any, vocab_size: int) -> list[LinearLayer]:
@@ -41,4 +50,4 @@ def dense_linears(model: Any, vocab_size: int) -> list[LinearLayer]:
         ("feed_forward.w3", d, h),
     ]
     layers = [LinearLayer(f"blocks.{i}.{n}", a, b) for i in range(model.n_layers) for n, a, b in block]
-    return layers + [LinearLayer("lm_head.w_out", d, vocab_size)]
+    return layers + [LinearLayer("lm_head.w_out", d, vocab_size, keep=HEAD_KEEP)]

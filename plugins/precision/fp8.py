@@ -11,8 +11,8 @@ recipe says so) and the products accumulate in higher precision. The recipes are
 * ``rowwise_with_gw_hp``: rowwise, with the weight gradient in high precision. 9.0+.
 
 Which layers: every plain ``nn.Linear`` whose dimensions are multiples of 16 (``_scaled_mm``'s
-alignment, OLMo-core's filter), except the output head, MoE routers and Engram's layers (the
-same rule and list as ``mxfp8``: :func:`olmx_plugins.precision.lowp.keep_reason`). The tokens a
+alignment, OLMo-core's filter), except the layers marked ``keep`` (the output head, Engram's
+projections; the same rule as ``mxfp8``: :func:`olmx_plugins.precision.lowp.keep_reason`). The tokens a
 linear layer sees per micro-batch must be a multiple of 16 too (the weight-gradient GEMM
 contracts over them). The rest of the model runs in ``param_dtype`` as under ``bf16``.
 Without ``torch.compile`` float8 is slower than bf16 (its casts run as separate kernels):

@@ -20,12 +20,6 @@ BLOCK_SIZE = 32
 #: Compute capability from which MX block-scaled FP8 tensor cores exist (Blackwell: B200, GB200, B300).
 MIN_COMPUTE_CAPABILITY = (10, 0)
 SCALE_MODES = ("rceil", "floor")
-#: Module-name patterns (fnmatch, on fully-qualified names) kept in high precision, and why.
-KEEP: tuple[tuple[str, str], ...] = (
-    ("lm_head.*", "output head: its logits feed the softmax and loss (OLMo-core never converts it)"),
-    ("*router*", "MoE router: small score errors flip the top-k expert choice"),
-    ("*engram*", "Engram table lookups and projections"),
-)
 
 
 @dataclass
@@ -43,7 +37,8 @@ class LowPrecisionConfig:
     #: dtype of the gradient reduction, as ``precision.bf16.reduce_dtype``.
     reduce_dtype: str = "float32"
     #: More module-name patterns (fnmatch on names such as ``blocks.0.attention.w_q``) to keep
-    #: in high precision, besides the output head, MoE routers and Engram.
+    #: in high precision, besides the layers the model and layer plugins mark (the output
+    #: head, Engram's projections).
     exclude: list[str] = field(default_factory=list)
 
 
@@ -63,20 +58,21 @@ def keep_reason(
     out_features: int,
     *,
     exclude: list[str] | tuple[str, ...] = (),
+    keep: str | None = None,
     subclass: bool = False,
     multiple: int = BLOCK_SIZE,
     unit: str = "the MX block size",
     section: str = "precision.mxfp8",
 ) -> str | None:
-    """Why the linear layer ``name`` stays in high precision, or None if it is converted (its
-    dimensions must be multiples of ``multiple``). The one rule, used by the plans (torch-free)
-    and by the conversions of the built model."""
+    """Why the linear layer ``name`` stays in high precision, or None if it is converted: the
+    user's ``exclude`` patterns, the reason its owner gave (``keep``, :class:`LinearLayer`), an
+    ``nn.Linear`` subclass, dimensions not multiples of ``multiple``. The one rule; the plan
+    applies it to the torch-free layer list and the worker converts what the plan lists."""
     for pattern in exclude:
         if fnmatch.fnmatchcase(name, pattern):
             return f"{section}.exclude matches '{pattern}'"
-    for pattern, reason in KEEP:
-        if fnmatch.fnmatchcase(name, pattern):
-            return reason
+    if keep is not None:
+        return keep
     if subclass:
         return "nn.Linear subclass: torchao converts by replacing the class, dropping its own methods"
     bad = [f"{key}={n}" for key, n in (("in_features", in_features), ("out_features", out_features)) if n % multiple]
@@ -141,6 +137,7 @@ def split_planned(
             layer.in_features,
             layer.out_features,
             exclude=exclude,
+            keep=layer.keep,
             subclass=layer.subclass,
             multiple=multiple,
             unit=unit,

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from olmx.errors import ConfigError
-from olmx_plugins.precision.lowp import BLOCK_SIZE, MIN_COMPUTE_CAPABILITY, MXFP8Config, keep_reason
+from olmx_plugins.precision.lowp import BLOCK_SIZE, MIN_COMPUTE_CAPABILITY, MXFP8Config
 
 log = logging.getLogger(__name__)
 
@@ -43,35 +43,15 @@ def ao_mx_config(cfg: MXFP8Config, *, emulate: bool) -> Any:
     )
 
 
-def split_linears(model: nn.Module, cfg: MXFP8Config) -> tuple[list[str], dict[str, str]]:
-    """Names of the linear layers to convert, and the kept ones with the reason (the rule of
-    :func:`olmx_plugins.precision.lowp.keep_reason`, applied to the built model)."""
-    convert, kept = [], {}
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
-            why = keep_reason(
-                name,
-                module.in_features,
-                module.out_features,
-                exclude=cfg.exclude,
-                subclass=type(module) is not nn.Linear,
-            )
-            if why is None:
-                convert.append(name)
-            else:
-                kept[name] = why
-    return convert, kept
-
-
-def apply_mxfp8(model: nn.Module, cfg: MXFP8Config, *, emulate: bool) -> list[str]:
-    """Swap the chosen ``nn.Linear`` modules of ``model`` (meta or materialised, before any
-    parallelism) for torchao ``MXLinear``; return their names. Parameter names do not change,
-    so checkpoints stay interchangeable with bf16/fp32 runs."""
+def apply_mxfp8(model: nn.Module, cfg: MXFP8Config, *, convert: list[str], emulate: bool) -> list[str]:
+    """Swap the ``nn.Linear`` modules of ``model`` named in ``convert`` (the plan's list; meta or
+    materialised, before any parallelism) for torchao ``MXLinear``; return their names, checked
+    against ``convert``. Parameter names do not change, so checkpoints stay interchangeable with
+    bf16/fp32 runs."""
     from torchao.prototype.mx_formats.mx_linear import MXLinear
 
-    convert, kept = split_linears(model, cfg)
-    if not convert:
-        raise ConfigError("precision.mxfp8", f"no linear layer of the built model can be converted: {kept}")
+    wanted = set(convert)
+    kept = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in wanted)
     ao = ao_mx_config(cfg, emulate=emulate)
     if emulate:
         from torchao.quantization import quantize_
@@ -80,7 +60,6 @@ def apply_mxfp8(model: nn.Module, cfg: MXFP8Config, *, emulate: bool) -> list[st
             "precision=mxfp8 with emulate=true: torchao's emulated MX recipe is slow; it is for checking "
             "numerics, not for speed"
         )
-        wanted = set(convert)
         quantize_(model, ao.to_ao_type(), filter_fn=lambda module, fqn: fqn in wanted)
     else:
         if torch.cuda.is_available() and torch.cuda.get_device_capability() < MIN_COMPUTE_CAPABILITY:
@@ -93,15 +72,15 @@ def apply_mxfp8(model: nn.Module, cfg: MXFP8Config, *, emulate: bool) -> list[st
             )
         from olmo_core.float8 import Float8Config
 
-        model.apply_fp8(Float8Config(ao_mx=ao, modules_to_ignore=sorted(kept)))
+        model.apply_fp8(Float8Config(ao_mx=ao, modules_to_ignore=kept))
     done = sorted(n for n, m in model.named_modules() if isinstance(m, MXLinear))
     if done != sorted(convert):
         raise RuntimeError(f"MXFP8 conversion mismatch: converted {done}, planned {sorted(convert)}")
     log.info(
-        "MXFP8 (%s): %d linear layers converted: %s; kept in high precision: %s",
+        "MXFP8 (%s): %d linear layers converted: %s; kept in high precision: %s (the plan says why)",
         "emulated" if emulate else "SM100",
         len(done),
         ", ".join(done),
-        "; ".join(f"{n} ({why})" for n, why in kept.items()),
+        ", ".join(kept),
     )
     return done

@@ -14,11 +14,12 @@ not pad). Scale rules: ``rceil`` takes 2^ceil(log2(amax / 448)), so no element s
 (normal range) or 2^-10 x scale absolute (E4M3 subnormals); ``floor``'s saturation adds up
 to 1/8 relative. tests/plugins/precision/test_mxfp8_numerics.py checks these bounds.
 
-Which layers: every plain ``nn.Linear`` whose dimensions are multiples of 32, except the
-output head (its logits feed the softmax and loss; OLMo-core never converts it), MoE routers
-(small score errors flip the top-k choice) and Engram's tables and projections; modules are
-recognised by the name patterns of :data:`KEEP`, so layers added by plugins follow the same
-rule. ``nn.Linear`` subclasses stay too: torchao converts by replacing the module's class,
+Which layers: every plain ``nn.Linear`` whose dimensions are multiples of 32, except those
+whose owner marks them ``keep`` in the plan's layer list (:class:`olmx.plan.linears.LinearLayer`:
+the output head, whose logits feed the softmax and loss, and Engram's projections) and those
+matching ``exclude``; the plan records the list (decision ``convert``) and the worker converts
+exactly it. (MoE routers are plain weights, not ``nn.Linear``.) ``nn.Linear`` subclasses stay
+too: torchao converts by replacing the module's class,
 which would drop the subclass's own methods (such as a custom initialisation).
 
 Where: the conversion edits the built model before any parallelism, where OLMo-core's
@@ -125,13 +126,13 @@ class MXFP8Precision(PrecisionPlugin):
         rows.append(("tokens per micro-batch", f"{tokens} ({how}), a multiple of {BLOCK_SIZE}"))
         if cfg.emulate:
             rows.append(("warning", "emulated MXFP8 is slow: use it to check numerics, not to train for speed"))
-        return Contribution(rows=rows)
+        return Contribution(rows=rows, decisions={"convert": sorted(layer.name for layer in converted)})
 
     def apply_model(self, cfg: MXFP8Config, model: Any, plan: Any) -> None:
-        """Convert the built model's linear layers to MXFP8 (before any parallelism)."""
+        """Convert the plan's linear layers of the built model to MXFP8 (before any parallelism)."""
         from olmx_plugins.precision.mx import apply_mxfp8
 
-        apply_mxfp8(model, cfg, emulate=cfg.emulate)
+        apply_mxfp8(model, cfg, convert=self.decided(plan)["convert"], emulate=cfg.emulate)
 
 
 MXFP8 = MXFP8Precision()

@@ -18,6 +18,9 @@ from olmx.api import Context, Contribution, LayerPlugin
 from olmx.errors import ConfigError
 from olmx_plugins.layers.engram.config import SHARDINGS, EngramLayerConfig, layer_ids, vocab_sizes
 
+#: Why Engram's projections stay in high precision under low-precision plugins (plan rows).
+PROJECTION_KEEP = "Engram projections of the hashed table lookups (sparse, outlier-prone rows)"
+
 
 class EngramLayer(LayerPlugin):
     """Adds Engram blocks through OLMo-core named blocks; hashes once per batch."""
@@ -177,7 +180,7 @@ class EngramLayer(LayerPlugin):
         width = (cfg.max_ngram_size - 1) * cfg.n_embed_per_ngram
         m = ctx.run.model
         return layers + [
-            LinearLayer(f"blocks.{i}.engram.{w}", width, m.d_model)
+            LinearLayer(f"blocks.{i}.engram.{w}", width, m.d_model, keep=PROJECTION_KEEP)
             for i in layer_ids(cfg, m.n_layers)
             for w in ("key_proj", "value_proj")
         ]

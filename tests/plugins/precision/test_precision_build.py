@@ -47,7 +47,7 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
     from olmx.plan.resolve import context, resolve
     from olmx.registry import registry
     from olmx.worker.model import build_model
-    from olmx_plugins.precision.mx import split_linears
+    from olmx_plugins.precision.mx import apply_mxfp8
 
     reg = registry()
     common = ["infra.nproc_per_node=1", "parallel=[]", *layers]
@@ -62,8 +62,20 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
         if isinstance(m, nn.Linear)
     ]
     assert sorted((x.name, x.in_features, x.out_features, x.subclass) for x in planned) == sorted(built)
-    convert, _ = split_linears(model, run.precision["mxfp8"])
+    convert = plan.decisions["precision.mxfp8"]["convert"]
     assert dict(plan.sections["precision.mxfp8"])["MXFP8 linear layers"].startswith(f"{len(convert)}: ")
+    assert not [name for name in convert if "engram" in name or name.startswith("lm_head")]  # marked keep
+    # the worker converts exactly the plan's list in the built model
+    assert apply_mxfp8(model, run.precision["mxfp8"], convert=convert, emulate=True) == sorted(convert)
+
+
+def planned_names(cfg: ModelConfig) -> list[str]:
+    """The layers the plan's rule converts in the dense model ``cfg``."""
+    return [
+        layer.name
+        for layer in dense_linears(cfg, VOCAB)
+        if keep_reason(layer.name, layer.in_features, layer.out_features, keep=layer.keep) is None
+    ]
 
 
 def test_emulated_conversion_follows_the_plan_rule_and_keeps_parameter_names():
@@ -74,12 +86,8 @@ def test_emulated_conversion_follows_the_plan_rule_and_keeps_parameter_names():
     cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=1, hidden_size=128)
     model = build(cfg)
     names = [n for n, _ in model.named_parameters()]
-    done = apply_mxfp8(model, MXFP8Config(), emulate=True)
-    planned = [
-        layer.name
-        for layer in dense_linears(cfg, VOCAB)
-        if keep_reason(layer.name, layer.in_features, layer.out_features) is None
-    ]
+    planned = planned_names(cfg)
+    done = apply_mxfp8(model, MXFP8Config(), convert=planned, emulate=True)
     assert done == sorted(planned) and len(done) == 10  # q, o, w1, w2, w3 per block; k/v are 64 -> 16
     assert not isinstance(model.get_submodule("blocks.0.attention.w_k"), MXLinear)
     assert not isinstance(model.get_submodule("lm_head.w_out"), MXLinear)
@@ -98,10 +106,10 @@ def test_sm100_path_goes_through_olmo_core_float8_config_with_the_same_layers(mo
     from olmx_plugins.precision.mx import apply_mxfp8
 
     cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, hidden_size=80)
-    emulated = apply_mxfp8(build(cfg), MXFP8Config(), emulate=True)
+    emulated = apply_mxfp8(build(cfg), MXFP8Config(), convert=planned_names(cfg), emulate=True)
     monkeypatch.setattr(olmo_core.float8, "has_compute_capability", lambda major, minor: (major, minor) <= (10, 0))
     model = build(cfg)
-    assert apply_mxfp8(model, MXFP8Config(scale_calculation_mode="floor"), emulate=False) == emulated
+    assert apply_mxfp8(model, MXFP8Config(scale_calculation_mode="floor"), convert=emulated, emulate=False) == emulated
     assert emulated == [f"blocks.{i}.attention.{w}" for i in range(2) for w in ("w_k", "w_out", "w_q", "w_v")]
     q = model.get_submodule("blocks.0.attention.w_q").config
     assert (q.kernel_preference.value, q.mxfp8_cast_kernel_choice.value, q.scale_calculation_mode.value) == (
@@ -112,28 +120,30 @@ def test_sm100_path_goes_through_olmo_core_float8_config_with_the_same_layers(mo
     assert model.fp8_enabled
 
 
-def test_routers_engram_subclasses_and_odd_dims_stay_in_high_precision():
-    from olmx_plugins.precision.mx import split_linears
+def test_marked_layers_subclasses_excluded_and_odd_dims_stay_in_high_precision():
+    from olmx.plan.linears import HEAD_KEEP, LinearLayer
+    from olmx_plugins.layers.engram.plugin import PROJECTION_KEEP
 
-    class SeededLinear(nn.Linear):
-        pass
-
-    block = nn.Module()
-    block.moe = nn.Module()
-    block.moe.router = nn.Linear(64, 8)
-    block.moe.shared_expert = SeededLinear(64, 64)
-    block.engram = nn.Module()
-    block.engram.key_proj = nn.Linear(32, 64)
-    block.proj = nn.Linear(64, 64)
-    block.odd = nn.Linear(64, 40)
-    model = nn.Module()
-    model.blocks = nn.ModuleDict({"0": block})
-    convert, kept = split_linears(model, MXFP8Config(exclude=["*.nothing"]))
-    assert convert == ["blocks.0.proj"]
-    assert kept["blocks.0.moe.router"].startswith("MoE router")
-    assert kept["blocks.0.moe.shared_expert"].startswith("nn.Linear subclass")
-    assert kept["blocks.0.engram.key_proj"].startswith("Engram")
-    assert kept["blocks.0.odd"] == "out_features=40 not a multiple of the MX block size 32"
+    layers = [
+        LinearLayer("blocks.0.proj", 64, 64),
+        LinearLayer("blocks.0.moe.shared_expert.w1", 64, 64, subclass=True),
+        LinearLayer("blocks.0.engram.key_proj", 64, 64, keep=PROJECTION_KEEP),
+        LinearLayer("blocks.0.odd", 64, 40),
+        LinearLayer("blocks.0.mine", 64, 64),
+        LinearLayer("lm_head.w_out", 64, 384, keep=HEAD_KEEP),
+    ]
+    why = {
+        x.name: keep_reason(x.name, x.in_features, x.out_features, keep=x.keep, subclass=x.subclass, exclude=["*.mine"])
+        for x in layers
+    }
+    assert why["blocks.0.proj"] is None
+    assert why["blocks.0.moe.shared_expert.w1"].startswith("nn.Linear subclass")
+    assert why["blocks.0.engram.key_proj"] == PROJECTION_KEEP  # the owner's reason, not a name pattern
+    assert why["blocks.0.odd"] == "out_features=40 not a multiple of the MX block size 32"
+    assert why["blocks.0.mine"] == "precision.mxfp8.exclude matches '*.mine'"
+    assert why["lm_head.w_out"] == HEAD_KEEP
+    # a name alone keeps nothing: an unmarked layer called "router" or "engram" is converted
+    assert keep_reason("blocks.0.router", 64, 64) is None and keep_reason("engram.x", 64, 64) is None
 
 
 def test_the_core_applies_the_plans_dtypes_as_fsdp_mixed_precision_or_autocast(tmp_path):
