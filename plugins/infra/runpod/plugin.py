@@ -35,7 +35,6 @@ from olmx_plugins.infra.runpod.payload import build_bundle, render_bootstrap, sh
 
 #: Local known-hosts file of the run (pods' host keys).
 KNOWN_HOSTS = ".ssh_known_hosts"
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Spec field -> config key, for errors raised while building a request body.
 _SPEC_KEYS = {
@@ -89,8 +88,10 @@ class RunPodInfra(InfraPlugin):
         for key in ("wait_timeout", "poll_seconds"):
             if getattr(cfg, key) <= 0:
                 raise ConfigError(f"infra.{key}", f"must be positive, got {getattr(cfg, key)}")
+        from olmx_plugins.infra.runpod.transport import looks_secret
+
         for name in cfg.env:
-            if _SECRET_NAME.search(name):
+            if looks_secret(name):
                 raise ConfigError(
                     "infra.env",
                     f"{name} looks like a secret, and infra.env is saved in the plan: "
@@ -106,7 +107,8 @@ class RunPodInfra(InfraPlugin):
             raise ConfigError(
                 "infra.nproc_per_node", f"{nproc} processes per pod with infra.gpus_per_node={cfg.gpus_per_node}"
             )
-        self.request(cfg, name="olmx-check", env=dict(cfg.env))  # the body RunPod would get is valid
+        # The body RunPod would get is valid (pass_env's values are only known at launch).
+        self.request(cfg, name="olmx-check", env={**cfg.env, **dict.fromkeys(cfg.pass_env, "")})
         if not cfg.gpus_per_node:
             return World(nnodes=1, nproc_per_node=nproc)
         return World(

@@ -46,7 +46,10 @@ CLUSTERS_PATH = "/v2/clusters"
 #: The port olmx needs on every pod: sshd, published so that ``ssh.direct`` exists.
 SSH_PORT = "22/tcp"
 
-_PORT_RE = re.compile(r"^[1-9][0-9]{0,4}/(tcp|http|udp)$")
+#: RunPod pods expose TCP and HTTP ports only (no UDP).
+_PORT_RE = re.compile(r"^[1-9][0-9]{0,4}/(tcp|http)$")
+#: RunPod takes at most this many environment variables per pod.
+MAX_ENV = 50
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -153,6 +156,10 @@ def build_pod_request(spec: PodSpec) -> dict[str, Any]:
             compute["gpu"]["minCudaVersion"] = spec.min_cuda_version
     else:
         _check_positive("vcpu_count", spec.vcpu_count)
+        if spec.vcpu_count < 2 or spec.vcpu_count & (spec.vcpu_count - 1):
+            raise ConfigError(
+                "vcpu_count", f"must be a power of two and at least 2 (RunPod's rule), got {spec.vcpu_count}"
+            )
         if not spec.cpu_flavor_id.strip():
             raise ConfigError("cpu_flavor_id", "must not be empty")
         compute = {"cpu": {"id": spec.cpu_flavor_id, "vcpuCount": spec.vcpu_count}}
@@ -192,9 +199,11 @@ def _container_fields(spec: PodSpec | ClusterSpec) -> dict[str, Any]:
     ports = list(spec.ports)
     for port in ports:
         if not _PORT_RE.match(port):
-            raise ConfigError("ports", f"{port!r} is not 'PORT/tcp', 'PORT/http' or 'PORT/udp'")
+            raise ConfigError("ports", f"{port!r} is not 'PORT/tcp' or 'PORT/http' (RunPod pods have no UDP)")
     if SSH_PORT not in ports:
         ports.insert(0, SSH_PORT)
+    if len(spec.env) > MAX_ENV:
+        raise ConfigError("env", f"{len(spec.env)} environment variables; RunPod takes at most {MAX_ENV} per pod")
     for name, value in spec.env.items():
         if not _ENV_NAME_RE.match(str(name)):
             raise ConfigError("env", f"{name!r} is not a valid environment variable name")

@@ -66,6 +66,16 @@ _log = logging.getLogger(__name__)
 _USER_AGENT = f"olmx/{__version__} (+urllib)"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+#: Public keys (``PUBLIC_KEY``, RunPod's variable for SSH; ``SSH_PUBKEY``) are not secrets.
+_PUBLIC_KEY_NAME = re.compile(r"PUBLIC_?KEY|PUBKEY", re.IGNORECASE)
+
+
+def looks_secret(name: str) -> bool:
+    """Whether an environment variable's name looks like a secret's (``*KEY*``, ``*TOKEN*``,
+    ``*SECRET*``, ``*PASSWORD*``, ``*CREDENTIAL*``; a public key's name does not count)."""
+    return bool(_SECRET_ENV_NAME.search(_PUBLIC_KEY_NAME.sub("", name)))
+
+
 _REDACTED = "<redacted>"
 
 
@@ -119,7 +129,7 @@ def redacted_request(
     if body is not None:
         shown = dict(body)
         if isinstance(shown.get("env"), Mapping):
-            shown["env"] = {k: _REDACTED if _SECRET_ENV_NAME.search(k) else v for k, v in shown["env"].items()}
+            shown["env"] = {k: _REDACTED if looks_secret(k) else v for k, v in shown["env"].items()}
         lines += ["Content-Type: application/json", "", json.dumps(shown, indent=2)]
     text = "\n".join(lines)
     key = os.environ.get(API_KEY_ENV, "").strip()

@@ -130,6 +130,9 @@ def test_pod_request_defaults_container_disk_no_volume_ssh_port() -> None:
         ({"min_cuda_version": "13"}, "min_cuda_version"),
         ({"container_disk_gb": 0}, "container_disk_gb"),
         ({"ports": ("22",)}, "ports"),
+        ({"ports": ("8888/udp",)}, "ports"),  # RunPod pods have no UDP
+        ({"gpu_count": 0, "vcpu_count": 3}, "vcpu_count"),  # a power of two, at least 2
+        ({"env": {f"V{i}": "1" for i in range(51)}}, "env"),  # at most 50
         ({"env": {"BAD-NAME": "x"}}, "env"),
         ({"env": {"N": 3}}, "env"),
         ({"network_volume_id": "v", "network_volume_path": "rel"}, "network_volume_path"),

@@ -64,12 +64,32 @@ def test_world_from_the_settings() -> None:
         (RunPodConfig(container_disk_gb=0), "infra.container_disk_gb", "positive"),
         (RunPodConfig(min_cuda_version="13"), "infra.min_cuda_version", "12.8"),
         (RunPodConfig(gpus_per_node=0, vcpus=0), "infra.vcpus", "positive"),
+        (RunPodConfig(gpus_per_node=0, vcpus=6), "infra.vcpus", "power of two and at least 2"),
+        (RunPodConfig(gpus_per_node=0, vcpus=1), "infra.vcpus", "power of two and at least 2"),
+        (RunPodConfig(env={"SSH_PUBLIC_KEY_TOKEN": "x"}), "infra.env", "looks like a secret"),
+        (
+            RunPodConfig(env={f"V{i}": "1" for i in range(40)}, pass_env=[f"P{i}" for i in range(11)]),
+            "infra.env",
+            "51 environment variables; RunPod takes at most 50",
+        ),
     ],
 )
 def test_bad_settings_name_their_key(cfg: RunPodConfig, key: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match) as info:
         RUNPOD.world(cfg)
     assert info.value.field == key
+
+
+def test_public_keys_are_not_secrets_and_power_of_two_vcpus_pass() -> None:
+    from olmx_plugins.infra.runpod.transport import looks_secret, redacted_request
+
+    assert not looks_secret("PUBLIC_KEY") and not looks_secret("SSH_PUBKEY")
+    assert looks_secret("HF_TOKEN") and looks_secret("AWS_SECRET_ACCESS_KEY") and looks_secret("PUBLIC_KEY_PASSWORD")
+    RUNPOD.world(RunPodConfig(env={"PUBLIC_KEY": "ssh-ed25519 AAAA me"}))  # accepted
+    for vcpus in (2, 4, 8, 32):
+        RUNPOD.world(RunPodConfig(gpus_per_node=0, vcpus=vcpus))
+    shown = redacted_request("POST", "/pods", {"env": {"PUBLIC_KEY": "ssh-ed25519 AAAA me", "HF_TOKEN": "hf_x"}})
+    assert "ssh-ed25519 AAAA me" in shown and "hf_x" not in shown
 
 
 def test_dry_run_shows_request_bootstrap_and_steps_without_secrets(tmp_path, monkeypatch) -> None:
