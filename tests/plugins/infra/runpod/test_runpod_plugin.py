@@ -307,6 +307,42 @@ def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypat
     assert (Path(plan.run_dir) / "metrics.jsonl").read_text() == '{"step": 3, "loss": 5.25}\n'
 
 
+@pytest.mark.parametrize(("env", "want"), [((), "ens1"), (("+infra.env.NCCL_SOCKET_IFNAME=ib0",), "ib0")])
+def test_cluster_nodes_use_the_cluster_interface_unless_told_otherwise(tmp_path, env, want) -> None:
+    """The real bootstrap of a 2-node cluster, run here with a Python whose torchrun prints
+    the socket interfaces it would use (RunPod documents ens1 as required on clusters)."""
+    work = tmp_path / "work"
+    (work / "run").mkdir(parents=True)
+    python = tmp_path / "pod-python"
+    python.write_text(
+        '#!/bin/bash\nfor a in "$@"; do [ "$a" = torch.distributed.run ] && '
+        '{ echo "torchrun nccl=$NCCL_SOCKET_IFNAME gloo=$GLOO_SOCKET_IFNAME"; exit 0; }; done\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    over = [*GPU8, "infra.nodes=2", "trainer.global_batch_size=32", "infra.install=false", *env]
+    plan = plan_for(tmp_path, *over, "infra.flash_attn_wheel=null", f"infra.workdir={work}", f"infra.python={python}")
+    script = work / "bootstrap.sh"
+    script.write_text(RUNPOD.bootstrap(plan.infra, plan))
+    proc = subprocess.run(
+        ["bash", str(script)],
+        cwd=work,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "NODE_RANK": "1",
+            "NUM_NODES": "2",
+            "MASTER_ADDR": "10.0.0.1",
+            "OLMX_POD_ENV_FILE": "/dev/null",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    log = (work / "run" / "logs" / "node1.log").read_text()
+    assert f"torchrun nccl={want} gloo={'ens1'}" in log, proc.stderr + log
+
+
 def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_path, pod) -> None:
     """The real bootstrap on the "pod", with a Python whose torchrun is a long sleep: ship,
     start, watch, ``kill`` (what olmx jobs cancel does), and the exit status it records."""
