@@ -102,29 +102,28 @@ def environment() -> dict:
     return env
 
 
-def olmx_train(run_dir: Path, overrides: list[str], *, plan_only: bool, gpu_name: str, timeout: int) -> dict:
-    """One ``olmx train`` (or its ``--dry-run`` for ``gpu_name``); its outcome and metrics."""
-    args = [*OLMX, "train", *COMMON, *overrides, f"trainer.run_dir={run_dir}"]
-    if plan_only:
-        args += ["infra=slurm", "infra.gpus_per_node=1", f"infra.gpu_name={gpu_name}", "--dry-run"]
-        args = [a for a in args if a != "infra.nproc_per_node=1"]
+def run_step(args: list[str], *, timeout: int, env: dict | None = None) -> dict:
+    """Run one command of the smoke run: its exit status (124 on timeout), seconds, and the
+    tail of its output when it failed."""
     start = time.time()
     try:
-        proc = subprocess.run(
-            args,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=REPO,
-            env={**os.environ, "COLUMNS": "200"},
-            check=False,
-        )
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env, check=False)
         code, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         code, out = 124, f"timed out after {timeout} s: {exc}"
     result: dict = {"exit": code, "seconds": round(time.time() - start, 1)}
     if code:
         result["tail"] = out[-1500:]
+    return result
+
+
+def olmx_train(run_dir: Path, overrides: list[str], *, plan_only: bool, gpu_name: str, timeout: int) -> dict:
+    """One ``olmx train`` (or its ``--dry-run`` for ``gpu_name``); its outcome and metrics."""
+    args = [*OLMX, "train", *COMMON, *overrides, f"trainer.run_dir={run_dir}"]
+    if plan_only:
+        args += ["infra=slurm", "infra.gpus_per_node=1", f"infra.gpu_name={gpu_name}", "--dry-run"]
+        args = [a for a in args if a != "infra.nproc_per_node=1"]
+    result = run_step(args, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
     metrics = run_dir / "metrics.jsonl"
     if not plan_only and metrics.exists():
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
@@ -151,15 +150,7 @@ def olmo_core_script(run_dir: Path, *, timeout: int) -> dict:
         *["--olmo3-1b", "--run-dir", str(run_dir), "--steps", str(steps), "--warmup", str(warmup)],
         *["--seq-len", str(seq), "--global-seqs", str(gbs), "--micro-seqs", str(mbs)],
     ]
-    start = time.time()
-    try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
-        code, out = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        code, out = 124, f"timed out after {timeout} s: {exc}"
-    result: dict = {"exit": code, "seconds": round(time.time() - start, 1)}
-    if code:
-        result["tail"] = out[-1500:]
+    result = run_step(args, timeout=timeout)
     timing = run_dir / "timing.jsonl"
     if timing.exists():
         recs = [json.loads(line) for line in timing.read_text().splitlines() if line.strip()]
