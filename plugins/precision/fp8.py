@@ -28,13 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from olmx.api import Context, Contribution, Dtypes, Mesh, PrecisionPlugin, World
+from olmx.api import Context, Contribution
 from olmx.errors import ConfigError
 from olmx_plugins.precision.lowp import (
     LowPrecisionConfig,
+    LowPrecisionPlugin,
     hardware,
     missing_torchao,
-    rest_dtypes,
     shown,
     split_planned,
 )
@@ -53,17 +53,13 @@ class FP8Config(LowPrecisionConfig):
     recipe: str = "tensorwise"
 
 
-class FP8Precision(PrecisionPlugin):
+class FP8Precision(LowPrecisionPlugin):
     """torchao float8 linear layers (tensorwise / rowwise) through OLMo-core's Float8Config."""
 
     name = "fp8"
     description = __doc__.splitlines()[0]
     api = ">=2.0,<3"
     Config = FP8Config
-
-    def dtypes(self, cfg: FP8Config, run: Any, world: World, mesh: Mesh) -> Dtypes:
-        """The dtypes of everything that is not an FP8 linear layer (:func:`.lowp.rest_dtypes`)."""
-        return rest_dtypes(cfg.param_dtype, cfg.reduce_dtype, world=world, mesh=mesh, section="precision.fp8")
 
     def resolve(self, cfg: FP8Config, ctx: Context) -> Contribution:
         """Check the recipe against the hardware and the model's dimensions; list the converted

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from olmx.api import Context, Dtypes, Mesh, World
+from olmx.api import Context, Dtypes, Mesh, PrecisionPlugin, World
 from olmx.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -108,20 +108,25 @@ def shown(layers: list[LinearLayer]) -> str:
     return ", ".join(f"{key} (x{len(names)})" if len(names) > 1 else names[0] for key, names in groups.items())
 
 
-def rest_dtypes(param_dtype: str | None, reduce_dtype: str, *, world: World, mesh: Mesh, section: str) -> Dtypes:
-    """The dtypes of everything a low-precision plugin does not convert: ``param_dtype``, whose
-    null default is bfloat16, except float32 on CPU where parameters are not sharded (there
-    bfloat16 would mean CPU autocast, which torchao 0.15's MXLinear and Float8Linear ignore:
-    they follow CUDA autocast only)."""
-    param = param_dtype or ("float32" if world.device == "cpu" and not mesh.shards_params else "bfloat16")
-    if world.device == "cpu" and param == "bfloat16" and not mesh.shards_params:
-        raise ConfigError(
-            f"{section}.param_dtype",
-            "bfloat16 without a data-parallel strategy that shards parameters (parallel=[fsdp] or [hsdp]) means "
-            "CPU autocast, which torchao 0.15's low-precision linear layers ignore (they follow CUDA autocast only), "
-            f"so bfloat16 activations would meet float32 weights; set {section}.param_dtype=float32 or use fsdp",
-        )
-    return Dtypes(param=param, reduce=reduce_dtype)
+class LowPrecisionPlugin(PrecisionPlugin):
+    """What the low-precision linear-layer plugins (``mxfp8``, ``fp8``) share: the dtypes of
+    everything they do not convert."""
+
+    def dtypes(self, cfg: LowPrecisionConfig, run: Any, world: World, mesh: Mesh) -> Dtypes:
+        """``param_dtype``, whose null default is bfloat16, except float32 on CPU where
+        parameters are not sharded (there bfloat16 would mean CPU autocast, which torchao 0.15's
+        MXLinear and Float8Linear ignore: they follow CUDA autocast only)."""
+        section = self.section
+        param = cfg.param_dtype or ("float32" if world.device == "cpu" and not mesh.shards_params else "bfloat16")
+        if world.device == "cpu" and param == "bfloat16" and not mesh.shards_params:
+            raise ConfigError(
+                f"{section}.param_dtype",
+                "bfloat16 without a data-parallel strategy that shards parameters (parallel=[fsdp] or [hsdp]) means "
+                "CPU autocast, which torchao 0.15's low-precision linear layers ignore (they follow CUDA autocast "
+                f"only), so bfloat16 activations would meet float32 weights; set {section}.param_dtype=float32 or "
+                "use fsdp",
+            )
+        return Dtypes(param=param, reduce=cfg.reduce_dtype)
 
 
 def split_planned(

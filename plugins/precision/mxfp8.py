@@ -34,17 +34,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from olmx.api import Context, Contribution, Dtypes, Mesh, PrecisionPlugin, World
+from olmx.api import Context, Contribution
 from olmx.errors import ConfigError
 from olmx_plugins.precision.lowp import (
     BLOCK_SIZE,
     MIN_COMPUTE_CAPABILITY,
     SCALE_MODES,
+    LowPrecisionPlugin,
     MXFP8Config,
     hardware,
     keep_reason,
     missing_torchao,
-    rest_dtypes,
     shown,
     split_planned,
 )
@@ -52,17 +52,13 @@ from olmx_plugins.precision.lowp import (
 __all__ = ["MXFP8", "MXFP8Config", "keep_reason"]
 
 
-class MXFP8Precision(PrecisionPlugin):
+class MXFP8Precision(LowPrecisionPlugin):
     """MXFP8 linear layers through OLMo-core's Float8Config (SM100+) or torchao's emulation."""
 
     name = "mxfp8"
     description = __doc__.splitlines()[0]
     api = ">=2.0,<3"
     Config = MXFP8Config
-
-    def dtypes(self, cfg: MXFP8Config, run: Any, world: World, mesh: Mesh) -> Dtypes:
-        """The dtypes of everything that is not an MX linear layer (:func:`.lowp.rest_dtypes`)."""
-        return rest_dtypes(cfg.param_dtype, cfg.reduce_dtype, world=world, mesh=mesh, section="precision.mxfp8")
 
     def resolve(self, cfg: MXFP8Config, ctx: Context) -> Contribution:
         """Check the hardware, the model's dimensions and the micro-batch; list the converted
