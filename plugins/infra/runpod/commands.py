@@ -4,7 +4,8 @@
 ``olmx train infra=runpod OVERRIDES`` would, creates its pod (or, with ``infra.nodes`` > 1,
 its instant cluster), waits until it runs with SSH and prints how to reach it and how to
 train on it. ``list``, ``status``, ``stop``, ``start``, ``terminate`` and
-``terminate-cluster`` manage what exists. The CLI gives these commands its error handling.
+``terminate-cluster`` manage what exists; ``ssh-keys`` lists the account's registered SSH
+keys and ``ssh-keys add FILE`` registers one. The CLI gives these commands its error handling.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def app() -> typer.Typer:
     group.command("stop")(stop)
     group.command("terminate")(terminate)
     group.command("terminate-cluster")(terminate_cluster)
+    keys = typer.Typer(
+        invoke_without_command=True, add_completion=False, help="The account's registered SSH public keys."
+    )
+    keys.callback()(ssh_keys)
+    keys.command("add")(ssh_keys_add)
+    group.add_typer(keys, name="ssh-keys")
     return group
 
 
@@ -62,6 +69,7 @@ def up(
     from olmx.config.compose import compose, to_object
     from olmx.plan.resolve import resolve
     from olmx.registry import registry
+    from olmx_plugins.infra.runpod.keys import check_ssh_keys
     from olmx_plugins.infra.runpod.provision import ReadyCluster
     from olmx_plugins.infra.runpod.transport import redacted_request
 
@@ -75,16 +83,22 @@ def up(
     cfg = plan.infra
     name = infra._name(cfg, plan)
     if dry_run:
-        shown = {**cfg.env, **{k: f"<redacted: ${k} of the launching environment>" for k in cfg.pass_env}}
-        path, body = infra.request(cfg, name=name, env=shown)
+        path, body = infra.request(cfg, name=name, env=infra.pod_env(cfg, values=False))
         out.print(redacted_request("POST", path, body), markup=False)
         return
     env = infra.pod_env(cfg)
-    infra.request(cfg, name=name, env=env)
+    tries = infra.candidates(cfg, name=name, env=env)
     client = _client()
-    with err.status(f"Creating RunPod {'cluster' if cfg.nodes > 1 else 'pod'} {name} and waiting until it runs"):
-        ready = client.provision(
-            infra.spec_for(cfg, name=name, env=env), timeout=cfg.wait_timeout, poll=cfg.poll_seconds
+    check_ssh_keys(client, cfg.ssh_key)
+    if note := infra.stored_env_note(cfg):
+        err.print(f"note: {note}", markup=False)
+    kind = "cluster" if cfg.nodes > 1 else "pod"
+    with err.status(f"Creating RunPod {kind} {name} and waiting until it runs"):
+        ready = client.provision_first(
+            tries,
+            on_miss=lambda label, why: err.print(f"RunPod has no {label} now ({why}); trying the next", markup=False),
+            timeout=cfg.wait_timeout,
+            poll=cfg.poll_seconds,
         )
     key = ["-i", cfg.ssh_key] if cfg.ssh_key else []
     train = " ".join(["olmx train", *overrides])
@@ -190,3 +204,51 @@ def terminate_cluster(cluster_id: str = typer.Argument(..., help="Instant-cluste
     """Terminate an instant cluster and all its pods."""
     _client().terminate_cluster(cluster_id)
     out.print(f"cluster {cluster_id}: terminated")
+
+
+def ssh_keys(ctx: typer.Context) -> None:
+    """The SSH public keys registered with the RunPod account (RunPod installs them into the
+    pods it creates), and which of them this machine holds."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from olmx_plugins.infra.runpod.keys import key_id, local_public_keys
+
+    registered = _client().ssh_keys()
+    local = local_public_keys(None)
+    if not registered:
+        out.print("No SSH public key is registered: pods olmx creates could not be reached.", markup=False)
+        out.print("Register one: olmx provision runpod ssh-keys add ~/.ssh/id_ed25519.pub", markup=False)
+        return
+    for line in registered:
+        parts = line.split()
+        here = local.get(key_id(line))
+        out.print(
+            f"{parts[0]} ...{parts[1][-12:] if len(parts) > 1 else ''} {' '.join(parts[2:])}"
+            + (f"   (here: {here})" if here else ""),
+            markup=False,
+        )
+
+
+def ssh_keys_add(path: str = typer.Argument(..., help="A public key file (~/.ssh/id_ed25519.pub).")) -> None:
+    """Register a public key with the RunPod account (added to the keys it has)."""
+    import os
+    import re
+    from pathlib import Path
+
+    from olmx_plugins.infra.runpod.keys import key_id
+
+    file = Path(os.path.expanduser(path))
+    try:
+        line = file.read_text().strip()
+    except OSError as exc:
+        raise ConfigError("path", f"cannot read {file}: {exc.strerror}") from None
+    if not re.fullmatch(r"(ssh|ecdsa|sk)-\S+ \S+([ \t][^\n\r]*)?", line):
+        hint = " (that is a private key: give its .pub file)" if "PRIVATE KEY" in line else ""
+        raise ConfigError("path", f"{file} is not one public key line ('ssh-ed25519 AAAA... comment'){hint}")
+    client = _client()
+    keys = client.ssh_keys()
+    if key_id(line) in {key_id(k) for k in keys}:
+        out.print(f"{file} is already registered ({len(keys)} key(s) in all)", markup=False)
+        return
+    now = client.set_ssh_keys([*keys, line])
+    out.print(f"Registered {file}: the account has {len(now)} key(s); pods created from now on get them", markup=False)

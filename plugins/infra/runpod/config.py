@@ -25,14 +25,23 @@ DEFAULT_FLASH_ATTN_WHEEL = (
 )
 
 
+#: GPUs per node of a RunPod instant cluster (RunPod lists cluster nodes with 8).
+CLUSTER_GPUS_PER_NODE = 8
+
+
 @dataclass
 class RunPodConfig(TorchrunConfig):
     """Settings of ``infra=runpod``."""
 
-    #: RunPod GPU type id (``NVIDIA H100 80GB HBM3``, ``NVIDIA B200``, ...).
+    #: RunPod GPU type id (``NVIDIA H100 80GB HBM3``, ``NVIDIA B200``, ...): the first one
+    #: asked for, and the GPU the plan is made for.
     gpu_type: str = "NVIDIA H100 80GB HBM3"
-    #: GPUs per pod; 0 makes a CPU pod (``cpu_flavor``, ``vcpus``): a cheap check that a run starts.
-    gpus_per_node: int = 1
+    #: GPU types asked for next, in order, while RunPod has no capacity for the one before
+    #: (each with the same compute capability as ``gpu_type``, which the plan checked).
+    gpu_types: list[str] = field(default_factory=list)
+    #: GPUs per pod; 0 makes a CPU pod (``cpu_flavor``, ``vcpus``): a cheap check that a run
+    #: starts. Null: 1 for one pod, 8 for a cluster (RunPod's instant-cluster nodes have 8).
+    gpus_per_node: Optional[int] = None
     #: Worker processes per pod; null means one per GPU, or 2 on a CPU pod.
     nproc_per_node: Optional[int] = None
     #: Pods; more than one makes a RunPod instant cluster (GPU pods on a private network).
@@ -54,12 +63,18 @@ class RunPodConfig(TorchrunConfig):
     network_volume_id: Optional[str] = None
     #: ``SECURE`` or ``COMMUNITY`` cloud (single pods).
     cloud: str = "SECURE"
-    #: Preferred data centres, in order; empty lets RunPod choose.
+    #: Data centres tried one after the other (for each GPU type), while RunPod has no
+    #: capacity in the one before; empty lets RunPod choose.
     data_centers: list[str] = field(default_factory=list)
-    #: Environment of the pod. Saved in the plan: no secrets here (see ``pass_env``).
+    #: Environment of the pod. Saved in the plan: no secrets here (see ``secrets``).
     env: dict[str, str] = field(default_factory=dict)
+    #: Pod variables set from RunPod secrets, ``NAME: secret_name``: the pod's environment
+    #: gets ``{{ RUNPOD_SECRET_secret_name }}``, which RunPod fills in inside the pod, so the
+    #: value never leaves RunPod. The recommended way to give a pod a token.
+    secrets: dict[str, str] = field(default_factory=dict)
     #: Names of variables whose values are taken from this machine's environment at launch and
-    #: set in the pod's environment; the values are never saved or printed.
+    #: set in the pod's environment. olmx never saves or prints them, but RunPod stores a
+    #: pod's environment and returns it on every GET of the pod: prefer ``secrets``.
     pass_env: list[str] = field(default_factory=list)
     #: Pod (or cluster) name; null: ``olmx-<run dir name>``.
     pod_name: Optional[str] = None
@@ -85,9 +100,22 @@ class RunPodConfig(TorchrunConfig):
     #: run); put larger data on a network volume or in the image and set ``ship_data=false``.
     ship_data_max_gb: float = 1.0
     #: SSH private key for the pods (``ssh -i``); null: ssh's defaults and agent. Its public
-    #: key must be registered with RunPod.
+    #: key must be registered with RunPod (checked before a pod is created).
     ssh_key: Optional[str] = None
     #: Seconds to wait for the pods to run with SSH before giving up (and terminating them).
     wait_timeout: float = 1200.0
+    #: Seconds to wait, once a pod runs with its SSH port published, until its sshd answers
+    #: (it can still be starting); after that the pods olmx created are terminated.
+    ssh_wait_timeout: float = 300.0
     #: Seconds between two looks at the pods (API while starting, SSH while training).
     poll_seconds: float = 10.0
+
+    def gpus(self) -> int:
+        """GPUs per pod: ``gpus_per_node``, or its default (1 for one pod, 8 for a cluster)."""
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node
+        return CLUSTER_GPUS_PER_NODE if self.nodes > 1 else 1
+
+    def gpu_candidates(self) -> list[str]:
+        """The GPU types asked for, in order (``gpu_type``, then ``gpu_types``), each once."""
+        return list(dict.fromkeys([self.gpu_type, *self.gpu_types]))

@@ -27,6 +27,10 @@ class RunPodRequestError(RunPodError):
         self.errors = errors
 
 
+class RunPodNoCapacityError(RunPodRequestError):
+    """RunPod refused every candidate GPU type and data centre (HTTP 400 each)."""
+
+
 class RunPodNotFoundError(RunPodRequestError):
     """The pod or cluster does not exist (HTTP 404); the message names its id."""
 

@@ -33,9 +33,11 @@ from olmx.rundir import RunDir
 from olmx_plugins.infra.runpod.config import RunPodConfig
 from olmx_plugins.infra.runpod.payload import build_bundle, render_bootstrap, shipped_data, shipped_data_note
 
-#: Local known-hosts file of the run (pods' host keys).
-KNOWN_HOSTS = ".ssh_known_hosts"
+#: Folder of the run's known-hosts files (pods' host keys), one file per launch.
+KNOWN_HOSTS_DIR = ".ssh"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: What olmx accepts as a RunPod secret's name (``{{ RUNPOD_SECRET_<name> }}``).
+_SECRET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 #: Spec field -> config key, for errors raised while building a request body.
 _SPEC_KEYS = {
     "gpu_count": "gpus_per_node",
@@ -73,11 +75,12 @@ class RunPodInfra(InfraPlugin):
         from olmx_plugins.infra.runpod.spec import CloudType
 
         cfg.check()
+        gpus = cfg.gpus()
         if cfg.nodes < 1:
             raise ConfigError("infra.nodes", f"must be at least 1, got {cfg.nodes}")
-        if cfg.gpus_per_node < 0:
-            raise ConfigError("infra.gpus_per_node", f"must be 0 (a CPU pod) or more, got {cfg.gpus_per_node}")
-        if cfg.nodes > 1 and not cfg.gpus_per_node:
+        if gpus < 0:
+            raise ConfigError("infra.gpus_per_node", f"must be 0 (a CPU pod) or more, got {gpus}")
+        if cfg.nodes > 1 and not gpus:
             raise ConfigError("infra.nodes", "several nodes make an instant cluster, which has GPU pods only")
         if cfg.pod_id and cfg.nodes > 1:
             raise ConfigError("infra.pod_id", f"one pod cannot hold infra.nodes={cfg.nodes}; use infra.cluster_id")
@@ -85,31 +88,17 @@ class RunPodInfra(InfraPlugin):
             raise ConfigError("infra.cluster_id", "a cluster has at least 2 nodes: set infra.nodes")
         if cfg.cloud not in CloudType.__members__:
             raise ConfigError("infra.cloud", f"'{cfg.cloud}' is not one of {', '.join(CloudType.__members__)}")
-        for key in ("wait_timeout", "poll_seconds"):
+        for key in ("wait_timeout", "ssh_wait_timeout", "poll_seconds"):
             if getattr(cfg, key) <= 0:
                 raise ConfigError(f"infra.{key}", f"must be positive, got {getattr(cfg, key)}")
-        from olmx_plugins.infra.runpod.transport import looks_secret
-
-        for name in cfg.env:
-            if looks_secret(name):
-                raise ConfigError(
-                    "infra.env",
-                    f"{name} looks like a secret, and infra.env is saved in the plan: "
-                    f"list it in infra.pass_env instead (its value is taken from this environment)",
-                )
-        for name in cfg.pass_env:
-            if not _ENV_NAME.fullmatch(name):
-                raise ConfigError("infra.pass_env", f"{name!r} is not an environment variable name")
-            if name == "RUNPOD_API_KEY":
-                raise ConfigError("infra.pass_env", "the RunPod API key never goes to a pod")
-        nproc = cfg.nproc_per_node if cfg.nproc_per_node is not None else (cfg.gpus_per_node or 2)
-        if nproc < 1 or (cfg.gpus_per_node and nproc > cfg.gpus_per_node):
-            raise ConfigError(
-                "infra.nproc_per_node", f"{nproc} processes per pod with infra.gpus_per_node={cfg.gpus_per_node}"
-            )
-        # The body RunPod would get is valid (pass_env's values are only known at launch).
-        self.request(cfg, name="olmx-check", env={**cfg.env, **dict.fromkeys(cfg.pass_env, "")})
-        if not cfg.gpus_per_node:
+        self._check_gpu_types(cfg, gpus, gpu_compute_capability)
+        self._check_env(cfg)
+        nproc = cfg.nproc_per_node if cfg.nproc_per_node is not None else (gpus or 2)
+        if nproc < 1 or (gpus and nproc > gpus):
+            raise ConfigError("infra.nproc_per_node", f"{nproc} processes per pod with infra.gpus_per_node={gpus}")
+        # Every body RunPod could get is valid (pass_env's values are only known at launch).
+        self.candidates(cfg, name="olmx-check", env={**self.pod_env(cfg, values=False)})
+        if not gpus:
             return World(nnodes=1, nproc_per_node=nproc)
         return World(
             nnodes=cfg.nodes,
@@ -119,8 +108,69 @@ class RunPodInfra(InfraPlugin):
             compute_capability=gpu_compute_capability(cfg.gpu_type),
         )
 
-    def spec_for(self, cfg: RunPodConfig, *, name: str, env: dict[str, str]) -> Any:
-        """What to ask RunPod for: a :class:`PodSpec`, or a :class:`ClusterSpec` for several nodes."""
+    @staticmethod
+    def _check_gpu_types(cfg: RunPodConfig, gpus: int, capability: Any) -> None:
+        """The fallback GPU types: only on GPU pods, and each as capable as ``gpu_type``
+        (the precision plugins checked the plan against that one)."""
+        if cfg.gpu_types and not gpus:
+            raise ConfigError("infra.gpu_types", "a CPU pod (infra.gpus_per_node=0) has no GPU type to fall back from")
+        want = capability(cfg.gpu_type)
+        for other in cfg.gpu_types:
+            if capability(other) != want:
+                got = capability(other)
+                raise ConfigError(
+                    "infra.gpu_types",
+                    f"{other!r} has compute capability {_sm(got)}, but the plan is made for infra.gpu_type="
+                    f"{cfg.gpu_type!r} ({_sm(want)}); fall back only to GPUs with the same capability",
+                )
+
+    @staticmethod
+    def _check_env(cfg: RunPodConfig) -> None:
+        """``env``, ``secrets`` and ``pass_env``: names, no secret in the plan, no name twice."""
+        from olmx_plugins.infra.runpod.transport import looks_secret
+
+        for name in cfg.env:
+            if looks_secret(name):
+                raise ConfigError(
+                    "infra.env",
+                    f"{name} looks like a secret, and infra.env is saved in the plan: store it as a RunPod "
+                    f"secret and set infra.secrets.{name}=<secret name>, or list it in infra.pass_env "
+                    "(its value is taken from this environment)",
+                )
+        for name, secret in cfg.secrets.items():
+            if not _ENV_NAME.fullmatch(name):
+                raise ConfigError("infra.secrets", f"{name!r} is not an environment variable name")
+            if not _SECRET_NAME.fullmatch(str(secret)):
+                raise ConfigError(
+                    "infra.secrets", f"{name}: {secret!r} is not a RunPod secret name (letters, digits, _ and -)"
+                )
+        for name in cfg.pass_env:
+            if not _ENV_NAME.fullmatch(name):
+                raise ConfigError("infra.pass_env", f"{name!r} is not an environment variable name")
+            if name == "RUNPOD_API_KEY":
+                raise ConfigError("infra.pass_env", "the RunPod API key never goes to a pod")
+        sources = [
+            ("infra.env", set(cfg.env)),
+            ("infra.secrets", set(cfg.secrets)),
+            ("infra.pass_env", set(cfg.pass_env)),
+        ]
+        for i, (key, names) in enumerate(sources):
+            for other, other_names in sources[i + 1 :]:
+                if names & other_names:
+                    raise ConfigError(other, f"{', '.join(sorted(names & other_names))} is also set in {key}")
+
+    def spec_for(
+        self,
+        cfg: RunPodConfig,
+        *,
+        name: str,
+        env: dict[str, str],
+        gpu_type: str | None = None,
+        data_center: str | None = None,
+    ) -> Any:
+        """What to ask RunPod for: a :class:`PodSpec`, or a :class:`ClusterSpec` for several
+        nodes; ``gpu_type`` and ``data_center`` pick one candidate (default: the first GPU
+        type, and ``data_centers`` as a whole)."""
         from olmx_plugins.infra.runpod import spec
 
         common: dict[str, Any] = dict(
@@ -129,15 +179,14 @@ class RunPodInfra(InfraPlugin):
             container_disk_gb=cfg.container_disk_gb,
             network_volume_id=cfg.network_volume_id,
             env=env,
-            data_center_ids=tuple(cfg.data_centers),
+            data_center_ids=(data_center,) if data_center else tuple(cfg.data_centers),
         )
+        gpu_type = gpu_type or cfg.gpu_type
         if cfg.nodes > 1:
-            return spec.ClusterSpec(
-                gpu_type_id=cfg.gpu_type, pod_count=cfg.nodes, gpus_per_pod=cfg.gpus_per_node, **common
-            )
+            return spec.ClusterSpec(gpu_type_id=gpu_type, pod_count=cfg.nodes, gpus_per_pod=cfg.gpus(), **common)
         return spec.PodSpec(
-            gpu_type_id=cfg.gpu_type,
-            gpu_count=cfg.gpus_per_node,
+            gpu_type_id=gpu_type,
+            gpu_count=cfg.gpus(),
             min_cuda_version=cfg.min_cuda_version,
             cpu_flavor_id=cfg.cpu_flavor,
             vcpu_count=cfg.vcpus,
@@ -145,12 +194,31 @@ class RunPodInfra(InfraPlugin):
             **common,
         )
 
+    def candidates(self, cfg: RunPodConfig, *, name: str, env: dict[str, str]) -> list[tuple[str, Any]]:
+        """``(label, spec)`` of every create olmx tries, in order, until RunPod has capacity:
+        each GPU type (``gpu_type``, then ``gpu_types``) in each data centre of
+        ``data_centers`` (or wherever RunPod chooses). Each request body is checked here; a
+        setting RunPod would refuse is a ConfigError naming its ``infra.`` key."""
+        gpu_types = cfg.gpu_candidates() if cfg.gpus() else [cfg.gpu_type]
+        centres: list[str | None] = list(dict.fromkeys(cfg.data_centers)) or [None]
+        out = []
+        for gpu_type in gpu_types:
+            for centre in centres:
+                wanted = self.spec_for(cfg, name=name, env=env, gpu_type=gpu_type, data_center=centre)
+                self._body(wanted)
+                what = f"{cfg.gpus()} x {gpu_type}" if cfg.gpus() else f"CPU {cfg.cpu_flavor} x {cfg.vcpus} vCPUs"
+                out.append((f"{what} in {centre or 'any data centre'}", wanted))
+        return out
+
     def request(self, cfg: RunPodConfig, *, name: str, env: dict[str, str]) -> tuple[str, dict[str, Any]]:
-        """``(path, body)`` of the create request: ``POST /v2/pods`` or ``POST /v2/clusters``;
+        """``(path, body)`` of the first create request: ``POST /v2/pods`` or ``POST /v2/clusters``;
         a setting RunPod would refuse is a ConfigError naming its ``infra.`` key."""
+        return self._body(self.candidates(cfg, name=name, env=env)[0][1])
+
+    @staticmethod
+    def _body(wanted: Any) -> tuple[str, dict[str, Any]]:
         from olmx_plugins.infra.runpod import spec
 
-        wanted = self.spec_for(cfg, name=name, env=env)
         try:
             if isinstance(wanted, spec.ClusterSpec):
                 return spec.CLUSTERS_PATH, spec.build_cluster_request(wanted)
@@ -160,15 +228,22 @@ class RunPodInfra(InfraPlugin):
             raise ConfigError(key, str(exc).removeprefix(f"{exc.field}: ")) from None
 
     def preflight(self, cfg: RunPodConfig, plan: Any) -> None:
-        """The API key is there (``RUNPOD_API_KEY`` or the key file), checked before the run
-        directory is written; it is read, never sent or shown. (``--dry-run`` needs no key.)"""
+        """Before the run directory is written: the API key is there (``RUNPOD_API_KEY`` or the
+        key file; read, never shown), and when olmx is to create the pods, the account has a
+        registered SSH key that this machine holds (:func:`.keys.check_ssh_keys`): without one
+        RunPod's ``startSsh`` does nothing and the pods could not be reached. (``--dry-run``
+        needs neither.)"""
         from olmx_plugins.infra.runpod.errors import RunPodAuthError
+        from olmx_plugins.infra.runpod.keys import check_ssh_keys
+        from olmx_plugins.infra.runpod.provision import RunPodClient
         from olmx_plugins.infra.runpod.transport import _load_key
 
         try:
             _load_key(None)
         except RunPodAuthError as exc:
             raise ConfigError("infra=runpod", str(exc)) from None
+        if not (cfg.pod_id or cfg.cluster_id):
+            check_ssh_keys(RunPodClient.from_env(), cfg.ssh_key)
 
     # -- dry run -----------------------------------------------------------------------------
 
@@ -177,7 +252,6 @@ class RunPodInfra(InfraPlugin):
         steps, in order. Sends nothing and needs no API key."""
         from olmx_plugins.infra.runpod.transport import redacted_request
 
-        shown_env = {**cfg.env, **{k: f"<redacted: ${k} of the launching environment>" for k in cfg.pass_env}}
         w = cfg.workdir
         stop = (
             "DELETE /v2/clusters/{id}  (an instant cluster cannot be stopped)"
@@ -185,15 +259,25 @@ class RunPodInfra(InfraPlugin):
             else redacted_request("POST", "/v2/pods/{id}/action", {"action": "stop"})
         )
         parts = [
-            "# 1. Create the pods and wait until every one runs with SSH "
-            f"(GET every {cfg.poll_seconds:g} s, at most {cfg.wait_timeout:g} s)"
+            "# 1. Check that the RunPod account has a registered SSH key that this machine holds "
+            "(GET /v2/account/ssh-keys), create the pods and wait until every one runs with SSH "
+            f"(GET every {cfg.poll_seconds:g} s, at most {cfg.wait_timeout:g} s) and its sshd answers "
+            f"(at most {cfg.ssh_wait_timeout:g} s more)"
             if not (cfg.pod_id or cfg.cluster_id)
             else f"# 1. Use the existing "
             f"{'cluster ' + str(cfg.cluster_id) if cfg.cluster_id else 'pod ' + str(cfg.pod_id)}"
             " (started if stopped) and wait until it runs with SSH",
         ]
         if not (cfg.pod_id or cfg.cluster_id):
-            path, body = self.request(cfg, name=self._name(cfg, plan), env=shown_env)
+            tries = self.candidates(cfg, name=self._name(cfg, plan), env=self.pod_env(cfg, values=False))
+            if len(tries) > 1:
+                parts.append(
+                    "#    Asked in this order until RunPod has capacity (an answer 400 moves on to the "
+                    "next): " + "; ".join(f"{i}. {label}" for i, (label, _) in enumerate(tries, 1))
+                )
+            if note := self.stored_env_note(cfg):
+                parts.append(f"#    Note: {note}")
+            path, body = self._body(tries[0][1])
             parts.append(redacted_request("POST", path, body))
         parts += [
             f"\n# 2. Copy to {w} on every node (ssh ... 'tar -xzf - -C {w}'): run/plan.yaml (run_dir "
@@ -208,6 +292,8 @@ class RunPodInfra(InfraPlugin):
             "into the local run directory (progress bar)",
             f"# 4. Copy {w}/run (checkpoints, metrics, summary, logs) back into {plan.run_dir}",
             "# 5. " + ("Leave the pods running (infra.keep=true)" if cfg.keep else f"Stop the pods:\n{stop}"),
+            f"# Host keys: accepted on first use into {plan.run_dir}/{KNOWN_HOSTS_DIR}/known_hosts-<launch id>, "
+            "a new file for every launch (RunPod reuses IP:port pairs across pods)",
         ]
         return "\n".join(parts)
 
@@ -229,7 +315,9 @@ class RunPodInfra(InfraPlugin):
         shipped_data(plan, cfg)  # refused before any pod exists
         client = RunPodClient.from_env()
         nodes, cluster_id, created = self._acquire(client, cfg, plan, console)
-        remotes = [self._remote(plan, cfg, node.ssh) for node in nodes]
+        launch_id = f"runpod-{uuid.uuid4().hex[:12]}"
+        known_hosts = self._known_hosts(plan, launch_id)
+        remotes = [self._remote(cfg, node.ssh, known_hosts) for node in nodes]
         RunDir(plan.run_dir).write_launch(
             {
                 "infra": self.name,
@@ -237,11 +325,15 @@ class RunPodInfra(InfraPlugin):
                 "cluster_id": cluster_id,
                 "created": created,
                 "workdir": cfg.workdir,
+                "launch_id": launch_id,
+                "known_hosts": known_hosts,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             }
         )
         try:
-            launch_id = f"runpod-{uuid.uuid4().hex[:12]}"
+            for node, r in zip(nodes, remotes, strict=True):
+                seconds, tries = rm.wait_for_ssh(r, timeout=cfg.ssh_wait_timeout, poll=min(cfg.poll_seconds, 5.0))
+                console.print(f"SSH on pod {node.id} ({r}) answered after {seconds:.1f} s ({tries} tries)")
             data = self._bundle(plan, cfg, launch_id)
             for node, r in zip(nodes, remotes, strict=True):
                 console.print(f"Copying the run to pod {node.id} ({r}) ...")
@@ -307,12 +399,20 @@ class RunPodInfra(InfraPlugin):
             console.print(f"Using RunPod pod {cfg.pod_id}")
             return [client.wait_until_running(cfg.pod_id, **wait)], None, False
         env = self.pod_env(cfg)
-        self.request(cfg, name=self._name(cfg, plan), env=env)  # checked before anything is created
-        console.print(
-            f"Creating a RunPod {'cluster' if cfg.nodes > 1 else 'pod'} ({_what(cfg)}) and waiting until it runs ..."
-        )
+        name = self._name(cfg, plan)
+        tries = self.candidates(cfg, name=name, env=env)  # checked before anything is created
+        if note := self.stored_env_note(cfg):
+            console.print(f"note: {note}")
+        kind = "cluster" if cfg.nodes > 1 else "pod"
+        console.print(f"Creating a RunPod {kind} ({_what(cfg)}) and waiting until it runs ...")
         with console.status("waiting for RunPod"):
-            ready = client.provision(self.spec_for(cfg, name=self._name(cfg, plan), env=env), **wait)
+            ready = client.provision_first(
+                tries,
+                on_miss=lambda label, why: console.print(
+                    f"RunPod has no {label} for this {kind} now ({why}); trying the next"
+                ),
+                **wait,
+            )
         if hasattr(ready, "nodes"):
             return list(ready.nodes), ready.id, True
         return [ready], None, True
@@ -411,7 +511,7 @@ class RunPodInfra(InfraPlugin):
         client = RunPodClient.from_env()
         lines = [f"RunPod pod {pod['id']}: {client.get_pod(pod['id']).get('status', '?')}" for pod in record["pods"]]
         try:
-            code, last = rm.state(self._record_remotes(plan, cfg, record)[0], cfg.workdir)
+            code, last = rm.state(self._record_remotes(plan, cfg, record, client)[0], cfg.workdir)
         except LaunchError as exc:
             return "\n".join([*lines, f"training: cannot look ({exc})"])
         lines.append("training: running" if code is None else f"training: ended with exit status {code}")
@@ -438,13 +538,14 @@ class RunPodInfra(InfraPlugin):
         from olmx_plugins.infra.runpod.rest import SshEndpoint
 
         record = RunDir(plan.run_dir).read_launch("RunPod")
-        remotes = self._record_remotes(plan, cfg, record)
+        client = RunPodClient.from_env()
+        remotes = self._record_remotes(plan, cfg, record, client)
         for r in remotes:
             rm.kill(r, cfg.workdir)
         rm.wait_ended(lambda: rm.state(remotes[0], cfg.workdir)[0], cfg.poll_seconds)
         nodes = [ReadyPod(p["id"], "", SshEndpoint(p["host"], p["port"], p["user"]), {}) for p in record["pods"]]
         self._finish(
-            RunPodClient.from_env(),
+            client,
             cfg,
             plan,
             nodes,
@@ -455,16 +556,45 @@ class RunPodInfra(InfraPlugin):
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _remote(self, plan: Any, cfg: RunPodConfig, ssh: Any) -> Any:
+    @staticmethod
+    def _known_hosts(plan: Any, launch_id: str) -> str:
+        """The launch's own known-hosts file: a resumed run on a new pod may get an IP:port
+        that an earlier pod had, with another host key."""
+        folder = Path(plan.run_dir) / KNOWN_HOSTS_DIR
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return str(folder / f"known_hosts-{launch_id}")
+
+    @staticmethod
+    def _remote(cfg: RunPodConfig, ssh: Any, known_hosts: str) -> Any:
         from olmx_plugins.infra.runpod.remote import Remote
 
         key = os.path.expanduser(cfg.ssh_key) if cfg.ssh_key else None
-        return Remote(ssh.host, ssh.port, ssh.username, key, str(Path(plan.run_dir) / KNOWN_HOSTS))
+        return Remote(ssh.host, ssh.port, ssh.username, key, known_hosts)
 
-    def _record_remotes(self, plan: Any, cfg: RunPodConfig, record: dict[str, Any]) -> list[Any]:
-        from olmx_plugins.infra.runpod.rest import SshEndpoint
+    def _record_remotes(self, plan: Any, cfg: RunPodConfig, record: dict[str, Any], client: Any = None) -> list[Any]:
+        """The pods of the launch record, at their SSH endpoints now: a pod that RunPod
+        restarted may have a new IP and port, which are written back to ``launch.json``."""
+        from olmx_plugins.infra.runpod.rest import SshEndpoint, ssh_endpoint
 
-        return [self._remote(plan, cfg, SshEndpoint(p["host"], p["port"], p["user"])) for p in record["pods"]]
+        if client is None:
+            from olmx_plugins.infra.runpod.provision import RunPodClient
+
+            client = RunPodClient.from_env()
+        changed = []
+        for pod in record["pods"]:
+            now = ssh_endpoint(client.get_pod(pod["id"]))
+            if now is not None and (now.host, now.port) != (pod["host"], pod["port"]):
+                changed.append(f"pod {pod['id']}: {pod['host']}:{pod['port']} -> {now.host}:{now.port}")
+                pod.update(host=now.host, port=now.port, user=now.username)
+        if changed:
+            RunDir(plan.run_dir).write_launch(record)
+            from rich.console import Console
+
+            Console(stderr=True, highlight=False, soft_wrap=True).print(
+                f"note: RunPod moved the SSH endpoint ({'; '.join(changed)}); launch.json updated"
+            )
+        known_hosts = record.get("known_hosts") or self._known_hosts(plan, str(record.get("launch_id", "unknown")))
+        return [self._remote(cfg, SshEndpoint(p["host"], p["port"], p["user"]), known_hosts) for p in record["pods"]]
 
     @staticmethod
     def _resource(nodes: list[Any], cluster_id: str | None) -> tuple[str, str, str]:
@@ -475,12 +605,29 @@ class RunPodInfra(InfraPlugin):
         return "pod", nodes[0].id, TERMINATE_POD_COMMAND.format(id=nodes[0].id)
 
     @staticmethod
-    def pod_env(cfg: RunPodConfig) -> dict[str, str]:
-        """The pod's environment: ``env`` plus the values of ``pass_env`` from this environment."""
+    def pod_env(cfg: RunPodConfig, *, values: bool = True) -> dict[str, str]:
+        """The pod's environment: ``env``, the RunPod secret references of ``secrets``, and
+        the values of ``pass_env`` from this environment (with ``values=False``, a redacted
+        placeholder for each: what the plan and the dry run show)."""
+        refs = {name: f"{{{{ RUNPOD_SECRET_{secret} }}}}" for name, secret in cfg.secrets.items()}
+        if not values:
+            shown = {k: f"<redacted: ${k} of the launching environment>" for k in cfg.pass_env}
+            return {**cfg.env, **refs, **shown}
         missing = [k for k in cfg.pass_env if k not in os.environ]
         if missing:
             raise ConfigError("infra.pass_env", f"{', '.join(missing)} not set in this environment")
-        return {**cfg.env, **{k: os.environ[k] for k in cfg.pass_env}}
+        return {**cfg.env, **refs, **{k: os.environ[k] for k in cfg.pass_env}}
+
+    @staticmethod
+    def stored_env_note(cfg: RunPodConfig) -> str:
+        """Which variables RunPod stores in plain text with the pod ('' when none are secret)."""
+        if not cfg.pass_env:
+            return ""
+        return (
+            f"RunPod stores the pod's environment and returns it on every GET of the pod: the values of "
+            f"{', '.join(cfg.pass_env)} (infra.pass_env) are kept there in plain text. For tokens, prefer "
+            "RunPod secrets (infra.secrets.NAME=<secret name>), which only the pod sees"
+        )
 
     @staticmethod
     def _name(cfg: RunPodConfig, plan: Any) -> str:
@@ -488,9 +635,13 @@ class RunPodInfra(InfraPlugin):
 
 
 def _what(cfg: RunPodConfig) -> str:
-    if not cfg.gpus_per_node:
+    if not cfg.gpus():
         return f"CPU {cfg.cpu_flavor} x {cfg.vcpus} vCPUs"
-    return f"{cfg.nodes} x {cfg.gpus_per_node} {cfg.gpu_type}"
+    return f"{cfg.nodes} x {cfg.gpus()} {cfg.gpu_type}"
+
+
+def _sm(capability: tuple[int, int] | None) -> str:
+    return f"SM{capability[0]}{capability[1]}" if capability else "unknown"
 
 
 RUNPOD = RunPodInfra()

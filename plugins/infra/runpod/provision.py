@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import RunPodNotFoundError, RunPodOrphanError, RunPodPodFailedError, RunPodWaitTimeout
+from .errors import (
+    RunPodNoCapacityError,
+    RunPodNotFoundError,
+    RunPodOrphanError,
+    RunPodPodFailedError,
+    RunPodRequestError,
+    RunPodWaitTimeout,
+)
 from .rest import RunPodRest, SshEndpoint, ssh_endpoint
 from .spec import SSH_PORT, ClusterSpec, PodSpec
 from .transport import JSON
@@ -26,6 +33,9 @@ TERMINATE_CLUSTER_COMMAND = "olmx provision runpod terminate-cluster {id}"
 
 _log = logging.getLogger(__name__)
 _FAILED_STATUSES = {"EXITED", "ERROR", "TERMINATED"}
+#: Create answers after which the next candidate is tried (RunPod's API reference, createPod).
+#: (Its 403, "no access to this pool", is left fatal: far more often the key lacks write access.)
+_NEXT_CANDIDATE = {400}
 
 
 @dataclass(frozen=True)
@@ -143,21 +153,58 @@ class RunPodClient(RunPodRest):
         answering, Ctrl-C), the pod is terminated before the error propagates. If that fails
         too, :class:`RunPodOrphanError` names its id and the command that terminates it.
         """
-        if isinstance(spec, ClusterSpec):
-            kind, command = "cluster", TERMINATE_CLUSTER_COMMAND
-            resource_id = str(self.create_cluster(spec)["id"])
-            terminate: Callable[[str], None] = self.terminate_cluster
-            wait: Callable[..., ReadyPod | ReadyCluster] = self.wait_until_cluster_running
-        else:
-            kind, command = "pod", TERMINATE_POD_COMMAND
-            resource_id = str(self.create_pod(spec)["id"])
-            terminate, wait = self.terminate_pod, self.wait_until_running
-        _log.info("RunPod %s %s created; waiting until it runs", kind, resource_id)
-        try:
-            return wait(resource_id, timeout=timeout, poll=poll)
-        except BaseException as exc:
-            self.terminate_after_failure(kind, resource_id, terminate, command.format(id=resource_id), exc)
-            raise
+        return self.provision_first([("", spec)], timeout=timeout, poll=poll)
+
+    def provision_first(
+        self,
+        tries: Sequence[tuple[str, PodSpec | ClusterSpec]],
+        *,
+        on_miss: Callable[[str, str], object] | None = None,
+        timeout: float = 1200.0,
+        poll: float = 10.0,
+    ) -> ReadyPod | ReadyCluster:
+        """:meth:`provision` of the first of ``tries`` (``(label, spec)``, in order of
+        preference) that RunPod creates, as RunPod's API reference advises: a ``400`` (no
+        capacity for that GPU type and data centre, or a rule the request breaks) moves on to
+        the next, calling ``on_miss(label, reason)``; a ``402`` (balance too low), ``403`` or
+        any other failure ends the search. When every one is refused,
+        :class:`RunPodNoCapacityError` lists each try and its reason."""
+        misses: list[str] = []
+        for label, spec in tries:
+            try:
+                if isinstance(spec, ClusterSpec):
+                    kind, command = "cluster", TERMINATE_CLUSTER_COMMAND
+                    resource_id = str(self.create_cluster(spec)["id"])
+                    terminate: Callable[[str], None] = self.terminate_cluster
+                    wait: Callable[..., ReadyPod | ReadyCluster] = self.wait_until_cluster_running
+                else:
+                    kind, command = "pod", TERMINATE_POD_COMMAND
+                    resource_id = str(self.create_pod(spec)["id"])
+                    terminate, wait = self.terminate_pod, self.wait_until_running
+            except RunPodRequestError as exc:
+                if exc.status not in _NEXT_CANDIDATE or len(tries) == 1:
+                    raise
+                reason = exc.detail or str(exc)
+                misses.append(f"{label}: HTTP {exc.status}, {reason}")
+                _log.info("RunPod refused %s (HTTP %s: %s)", label, exc.status, reason)
+                if on_miss is not None:
+                    on_miss(label, reason)
+                continue
+            _log.info("RunPod %s %s created (%s); waiting until it runs", kind, resource_id, label or spec.name)
+            try:
+                return wait(resource_id, timeout=timeout, poll=poll)
+            except BaseException as exc:
+                self.terminate_after_failure(kind, resource_id, terminate, command.format(id=resource_id), exc)
+                raise
+        raise RunPodNoCapacityError(
+            f"RunPod created none of the {len(tries)} candidates:\n  "
+            + "\n  ".join(misses)
+            + "\nAdd GPU types (infra.gpu_types) or data centres (infra.data_centers), or try again later. RunPod "
+            "answers 400 both for no capacity and for a request it will not take: when every try gets the same "
+            "400, read its reason as a problem with the request.",
+            status=400,
+            detail=misses[-1] if misses else "",
+        )
 
     def terminate_after_failure(
         self,

@@ -19,10 +19,15 @@ scp is needed in the image. Each step is one ssh command:
 * **kill**: SIGTERM to the bootstrap's process group; :func:`wait_ended` then waits until the
   bootstrap has ended.
 
+* **wait for SSH** (:func:`wait_for_ssh`): a pod that RunPod reports running with its port
+  published may still be starting sshd; olmx retries ``ssh ... true`` until it answers.
+
 Host keys: pods are new hosts, and RunPod reuses IP:port pairs across pods, so olmx accepts
-a pod's key on first use into a known-hosts file of the run (``RUN_DIR/.ssh_known_hosts``)
-instead of the user's ``~/.ssh/known_hosts``. Authentication is the user's SSH key, which
-RunPod installs into the pod (``startSsh``) from the account's registered public keys.
+a pod's key on first use into a known-hosts file of the launch
+(``RUN_DIR/.ssh/known_hosts-<launch id>``) instead of the user's ``~/.ssh/known_hosts``: a
+resumed run on a new pod at a recycled IP:port starts a new file rather than failing with
+"host key changed". Authentication is the user's SSH key, which RunPod installs into the pod
+(``startSsh``) from the account's registered public keys.
 """
 
 from __future__ import annotations
@@ -132,6 +137,43 @@ class Remote:
 
     def __str__(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
+
+
+def wait_for_ssh(remote: Remote, *, timeout: float, poll: float = 5.0) -> tuple[float, int]:
+    """Retry ``ssh ... true`` until the pod's sshd answers; ``(seconds it took, tries)``.
+
+    Only a failed connection (ssh's exit status 255) is retried, for at most ``timeout``
+    seconds; three refusals of the key in a row end the wait at once (a key that RunPod did
+    not install stays refused). LaunchError with ssh's last answer when it never answered.
+    """
+    start = time.monotonic()
+    tries = denied = 0
+    while True:
+        tries += 1
+        try:
+            proc = subprocess.run(
+                remote.ssh("true"), capture_output=True, timeout=60, stdin=subprocess.DEVNULL, check=False
+            )
+            code, said = proc.returncode, proc.stderr.decode(errors="replace").strip()[-500:]
+        except subprocess.TimeoutExpired:
+            code, said = 255, "no answer within 60 s"
+        except FileNotFoundError:
+            raise LaunchError("`ssh` was not found on PATH: olmx reaches RunPod pods with OpenSSH's client") from None
+        if code != 255:  # sshd ran the command: it is up
+            return time.monotonic() - start, tries
+        denied = denied + 1 if "Permission denied" in said else 0
+        waited = time.monotonic() - start
+        if denied >= 3:
+            raise LaunchError(
+                f"the pod's sshd ({remote}) refused the SSH key {denied} times: the key ssh offers is not one "
+                f"RunPod installed (see `olmx provision runpod ssh-keys`; infra.ssh_key). Last answer: {said}"
+            )
+        if waited + poll > timeout:
+            raise LaunchError(
+                f"the pod's sshd ({remote}) did not answer within {timeout:g} s ({tries} tries; "
+                f"infra.ssh_wait_timeout). Last answer: {said or '(none)'}"
+            )
+        time.sleep(poll)
 
 
 # ------------------------------------------------------------------------------- ship

@@ -12,6 +12,7 @@ The endpoints follow RunPod's v2 OpenAPI document (``runpod/docs``,
 ``POST /v2/clusters``                        create an instant cluster; ``201``
 ``GET /v2/clusters[/{id}[/pods]]``           ``{"clusters": [...]}``, one cluster, its pods
 ``DELETE /v2/clusters/{id}``                 terminate the cluster and its pods; ``204``
+``GET|PUT /v2/account/ssh-keys``             ``{"keys": [...]}``: the keys ``startSsh`` installs
 ==========================================  ==============================================
 
 Pod statuses: ``PROVISIONING -> STARTING -> RUNNING``, and ``EXITED``, ``ERROR``,
@@ -56,6 +57,8 @@ from .spec import (
 from .transport import JSON, RunPodTransport
 
 _log = logging.getLogger(__name__)
+#: The account's registered SSH public keys.
+SSH_KEYS_PATH = "/v2/account/ssh-keys"
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,22 @@ class RunPodRest(RunPodTransport):
     def terminate_cluster(self, cluster_id: str) -> None:
         """Delete a cluster and terminate all its pods."""
         self._request("DELETE", f"{CLUSTERS_PATH}/{_quote(cluster_id)}", resource=f"cluster {cluster_id!r}")
+
+    # -- account -------------------------------------------------------------------
+
+    def ssh_keys(self) -> list[str]:
+        """The account's registered SSH public keys (``authorized_keys`` lines), which RunPod
+        installs into pods created with ``startSsh``."""
+        keys = self._request("GET", SSH_KEYS_PATH).get("keys")
+        if not isinstance(keys, list):
+            raise RunPodError(f"unexpected answer to GET {SSH_KEYS_PATH}: no 'keys' list in it")
+        return [str(k) for k in keys]
+
+    def set_ssh_keys(self, keys: list[str]) -> list[str]:
+        """Replace the account's registered SSH public keys with ``keys`` (the whole set);
+        returns the new set. Pods created afterwards get them."""
+        answer = self._request("PUT", SSH_KEYS_PATH, {"keys": list(keys)})
+        return [str(k) for k in answer.get("keys", [])]
 
     # -- plumbing ------------------------------------------------------------------
 

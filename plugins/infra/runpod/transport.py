@@ -77,6 +77,8 @@ def looks_secret(name: str) -> bool:
 
 
 _REDACTED = "<redacted>"
+#: A value RunPod fills in from one of its secrets inside the pod: a name, not a secret.
+SECRET_REFERENCE = re.compile(r"\{\{ RUNPOD_SECRET_[A-Za-z0-9_-]+ \}\}")
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,9 @@ def redacted_request(
     """The request olmx would send, as text for ``--dry-run``: method, URL, headers, JSON body.
 
     The ``Authorization`` header shows ``<redacted>``, and so does the value of every ``env``
-    entry whose name looks secret (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ...);
-    everything else is exactly what would be sent. Needs no API key.
+    entry whose name looks secret (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ...)
+    unless it is a RunPod secret reference (``{{ RUNPOD_SECRET_name }}``); everything else is
+    exactly what would be sent. Needs no API key.
     """
     lines = [
         f"{method.upper()} {resolve_base_url(base_url)}{path}",
@@ -129,7 +132,10 @@ def redacted_request(
     if body is not None:
         shown = dict(body)
         if isinstance(shown.get("env"), Mapping):
-            shown["env"] = {k: _REDACTED if looks_secret(k) else v for k, v in shown["env"].items()}
+            shown["env"] = {
+                k: _REDACTED if looks_secret(k) and not SECRET_REFERENCE.fullmatch(str(v)) else v
+                for k, v in shown["env"].items()
+            }
         lines += ["Content-Type: application/json", "", json.dumps(shown, indent=2)]
     text = "\n".join(lines)
     key = os.environ.get(API_KEY_ENV, "").strip()

@@ -1,7 +1,7 @@
 """A fake RunPod REST API v2 for tests: a real threaded HTTP server on 127.0.0.1.
 
 It speaks the subset olmx uses (pods: create, get, list, action, delete; clusters: create,
-get, list, list pods, delete), with the shapes of RunPod's v2 OpenAPI document
+get, list, list pods, delete; the account's SSH keys: get, put), with the shapes of RunPod's v2 OpenAPI document
 (``runpod/docs`` ``api-reference-v2/openapi.json``): RFC 9457 problem bodies, ``201`` on
 create, ``204`` on delete, ``{"pods": [...]}`` / ``{"clusters": [...]}`` lists, pod statuses
 ``PROVISIONING -> STARTING -> RUNNING`` advanced by each ``GET`` of the pod, ``ssh.direct``
@@ -15,8 +15,12 @@ Fault injection (:meth:`FakeRunPod.inject`): answer the next N matching requests
 status (429 with ``Retry-After``, 500, ...), after a delay (longer than the client's timeout
 to make it time out), optionally after really doing the operation (``commit=True``: "the
 create succeeded, then the answer failed"), or echoing the Authorization header in an error.
-``stuck = True`` keeps pods in ``PROVISIONING``; ``page_size`` serves lists in pages with an
-``{items, pagination: {nextCursor}}`` envelope.
+``stuck = True`` keeps pods in ``PROVISIONING``; ``ssh_after_polls = N`` keeps a pod RUNNING
+for N more looks before its SSH port is assigned (``ssh.direct`` null, as RunPod does);
+``no_capacity`` names GPU types (or ``"GPU type@data centre"`` pairs) whose creates get RunPod's
+400 for no capacity; ``ssh_keys`` are the account's registered SSH keys (none: an account
+without keys); ``page_size`` serves lists in pages with an ``{items, pagination: {nextCursor}}``
+envelope.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ _CLUSTER_KEYS = _CONTAINER_KEYS | {
     "startSsh",
 }
 _PORT_RE = re.compile(r"^\d+/(tcp|http|udp)$")
+_KEY_RE = re.compile(r"^(ssh|ecdsa|sk)-[^\s]+ [^\s]+([ \t][^\n\r]*)?$")
 _ACTIONS = {
     "PROVISIONING": ["stop", "terminate"],
     "STARTING": ["stop", "terminate"],
@@ -118,6 +123,9 @@ class FakeRunPod:
     polls_to_running: int = 2
     stuck: bool = False
     page_size: int | None = None
+    ssh_after_polls: int = 0
+    no_capacity: set[str] = field(default_factory=set)
+    ssh_keys: list[str] = field(default_factory=list)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     clusters: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
@@ -133,7 +141,7 @@ class FakeRunPod:
             def do_GET(self) -> None:
                 fake._handle(self)
 
-            do_POST = do_DELETE = do_PATCH = do_GET
+            do_POST = do_DELETE = do_PATCH = do_PUT = do_GET
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -257,6 +265,8 @@ class FakeRunPod:
             ("GET", r"/v2/clusters/([^/]+)", lambda i: self._get_cluster(i)),
             ("DELETE", r"/v2/clusters/([^/]+)", lambda i: self._delete_cluster(i)),
             ("GET", r"/v2/clusters/([^/]+)/pods", lambda i: self._cluster_pods(i)),
+            ("GET", r"/v2/account/ssh-keys", lambda: (200, {"keys": list(self.ssh_keys)})),
+            ("PUT", r"/v2/account/ssh-keys", lambda: self._put_keys(body)),
         )
         for route_method, pattern, handler in routes:
             m = re.fullmatch(pattern, path)
@@ -283,8 +293,27 @@ class FakeRunPod:
         self._counter += 1
         return f"{prefix}{self._counter:04d}q7"
 
+    def _put_keys(self, body: Any) -> tuple[int, Any]:
+        keys = body.get("keys") if isinstance(body, dict) and set(body) == {"keys"} else None
+        if not isinstance(keys, list) or not all(isinstance(k, str) and _KEY_RE.fullmatch(k) for k in keys):
+            return _problem(422, "Request validation failed.", ["$.keys: an array of authorized_keys lines"])
+        self.ssh_keys = list(keys)
+        return 200, {"keys": list(self.ssh_keys)}
+
+    def _full(self, gpu_type: str | None, centres: list[str]) -> tuple[int, Any] | None:
+        """RunPod's 400 when none of the data centres has capacity for this GPU type."""
+        if gpu_type is None:
+            return None
+        if gpu_type in self.no_capacity or (centres and all(f"{gpu_type}@{c}" in self.no_capacity for c in centres)):
+            return _problem(
+                400,
+                "There are no longer any instances available with the requested specifications. "
+                "Please refresh and try again.",
+            )
+        return None
+
     def _create_pod(self, body: Any) -> tuple[int, Any]:
-        invalid = _validate_pod(body)
+        invalid = _validate_pod(body) or self._full((body.get("gpu") or {}).get("id"), body.get("dataCenterIds", []))
         if invalid:
             return invalid
         pod_id = self._new_id("pod")
@@ -300,11 +329,14 @@ class FakeRunPod:
         return 200, pod
 
     def _advance(self, pod: dict[str, Any]) -> None:
-        if self.stuck or pod["status"] not in ("PROVISIONING", "STARTING"):
+        waiting_for_port = pod["status"] == "RUNNING" and pod["ssh"]["direct"] is None and "22/tcp" in pod["ports"]
+        if self.stuck or not (pod["status"] in ("PROVISIONING", "STARTING") or waiting_for_port):
             return
         self._polls[pod["id"]] += 1
-        if self._polls[pod["id"]] >= self.polls_to_running:
+        if self._polls[pod["id"]] >= self.polls_to_running + self.ssh_after_polls:
             _set_status(pod, "RUNNING")
+        elif self._polls[pod["id"]] >= self.polls_to_running:
+            _set_status(pod, "RUNNING", ssh=False)
         else:
             _set_status(pod, "STARTING")
 
@@ -342,7 +374,7 @@ class FakeRunPod:
         return 200, pod
 
     def _create_cluster(self, body: Any) -> tuple[int, Any]:
-        invalid = _validate_cluster(body)
+        invalid = _validate_cluster(body) or self._full(body["compute"]["gpuTypeId"], body.get("dataCenterIds", []))
         if invalid:
             return invalid
         cluster_id = self._new_id("cluster")
@@ -472,12 +504,13 @@ def _gpu(gpu: dict[str, Any]) -> dict[str, Any]:
     return {"id": gpu["id"], "count": count, "vcpuCount": 16 * count, "memory": 128 * count}
 
 
-def _set_status(pod: dict[str, Any], status: str) -> None:
+def _set_status(pod: dict[str, Any], status: str, *, ssh: bool = True) -> None:
+    """``ssh=False``: running, but no public port assigned to 22/tcp yet."""
     pod["status"] = status
     pod["actions"] = list(_ACTIONS[status])
     running = status == "RUNNING"
     public_port = 40000 + int(re.sub(r"\D", "", pod["id"]) or 0)
-    has_ssh = running and "22/tcp" in pod["ports"]
+    has_ssh = running and ssh and "22/tcp" in pod["ports"]
     pod["ssh"] = {
         "proxy": {
             "host": "ssh.runpod.io",

@@ -6,7 +6,9 @@ Installed as ``ssh`` on PATH by the tests. It parses the options olmx passes (``
 pod does not see the launching machine's environment): PATH, HOME, LANG, the test's
 ``OLMX_CACHE_DIR`` and ``OLMX_POD_ENV_FILE`` (what the bootstrap reads instead of
 ``/proc/1/environ``). A command matching the regex ``$FAKE_SSH_FAIL`` fails the way an
-unreachable host does (exit status 255).
+unreachable host does (exit status 255). ``$FAKE_SSH_REFUSE_FIRST=N``: the first N connections
+are refused the same way (an sshd still starting); ``$FAKE_SSH_DENY=1``: every connection is
+refused the way sshd refuses a key it does not know.
 """
 
 import json
@@ -33,6 +35,18 @@ def main(argv: list[str]) -> int:
     destination, command = argv[i], " ".join(argv[i + 1 :])
     with open(os.environ["FAKE_SSH_LOG"], "a") as log:
         log.write(json.dumps({"port": port, "destination": destination, "options": options, "command": command}) + "\n")
+    refuse = int(os.environ.get("FAKE_SSH_REFUSE_FIRST", "0"))
+    if refuse:
+        counter = os.environ["FAKE_SSH_LOG"] + ".refused"
+        done = len(open(counter).read()) if os.path.exists(counter) else 0
+        if done < refuse:
+            with open(counter, "a") as f:
+                f.write("x")
+            print(f"ssh: connect to host {destination.split('@')[-1]} port {port}: Connection refused", file=sys.stderr)
+            return 255
+    if os.environ.get("FAKE_SSH_DENY") == "1":
+        print(f"{destination}: Permission denied (publickey).", file=sys.stderr)
+        return 255
     fail = os.environ.get("FAKE_SSH_FAIL")
     if fail and re.search(fail, command):
         print(f"ssh: connect to host {destination.split('@')[-1]} port {port}: Connection refused", file=sys.stderr)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runpod_testing import KEY, fake, fake_ssh  # noqa: F401  (fixtures)
+from runpod_testing import KEY
 
 from olmx.config.compose import compose, to_object
 from olmx.errors import ConfigError
@@ -67,6 +67,17 @@ def test_world_from_the_settings() -> None:
         (RunPodConfig(gpus_per_node=0, vcpus=6), "infra.vcpus", "power of two and at least 2"),
         (RunPodConfig(gpus_per_node=0, vcpus=1), "infra.vcpus", "power of two and at least 2"),
         (RunPodConfig(env={"SSH_PUBLIC_KEY_TOKEN": "x"}), "infra.env", "looks like a secret"),
+        (RunPodConfig(env={"HF_TOKEN": "x"}), "infra.env", "infra.secrets.HF_TOKEN=<secret name>"),
+        (RunPodConfig(secrets={"HF_TOKEN": "my token"}), "infra.secrets", "not a RunPod secret name"),
+        (RunPodConfig(secrets={"bad-name": "tok"}), "infra.secrets", "not an environment variable name"),
+        (
+            RunPodConfig(secrets={"HF_TOKEN": "hf"}, pass_env=["HF_TOKEN"]),
+            "infra.pass_env",
+            "also set in infra.secrets",
+        ),
+        (RunPodConfig(gpu_types=["NVIDIA B200"]), "infra.gpu_types", "SM100, but the plan is made for"),
+        (RunPodConfig(gpu_types=["NVIDIA H200"], gpus_per_node=0), "infra.gpu_types", "a CPU pod"),
+        (RunPodConfig(ssh_wait_timeout=0), "infra.ssh_wait_timeout", "must be positive"),
         (
             RunPodConfig(env={f"V{i}": "1" for i in range(40)}, pass_env=[f"P{i}" for i in range(11)]),
             "infra.env",
@@ -78,6 +89,46 @@ def test_bad_settings_name_their_key(cfg: RunPodConfig, key: str, match: str) ->
     with pytest.raises(ConfigError, match=match) as info:
         RUNPOD.world(cfg)
     assert info.value.field == key
+
+
+def test_clusters_default_to_eight_gpus_per_node_and_one_pod_to_one() -> None:
+    cluster = RUNPOD.world(RunPodConfig(nodes=2))
+    assert (cluster.nnodes, cluster.nproc_per_node) == (2, 8)
+    path, body = RUNPOD.request(RunPodConfig(nodes=2), name="c", env={})
+    assert path == "/v2/clusters" and body["compute"]["gpuCountPerPod"] == 8
+    assert RUNPOD.world(RunPodConfig()).nproc_per_node == 1
+    assert RUNPOD.world(RunPodConfig(nodes=2, gpus_per_node=4)).nproc_per_node == 4
+
+
+def test_candidates_are_each_gpu_type_in_each_data_centre_in_order() -> None:
+    cfg = RunPodConfig(
+        gpus_per_node=8, gpu_types=["NVIDIA H200", "NVIDIA H100 80GB HBM3"], data_centers=["US-TX-3", "EU-RO-1"]
+    )
+    RUNPOD.world(cfg)  # H200 is SM90 as the H100: accepted; the repeated H100 is tried once
+    tries = RUNPOD.candidates(cfg, name="p", env={})
+    assert [label for label, _ in tries] == [
+        "8 x NVIDIA H100 80GB HBM3 in US-TX-3",
+        "8 x NVIDIA H100 80GB HBM3 in EU-RO-1",
+        "8 x NVIDIA H200 in US-TX-3",
+        "8 x NVIDIA H200 in EU-RO-1",
+    ]
+    assert [(t.gpu_type_id, t.data_center_ids) for _, t in tries][2] == ("NVIDIA H200", ("US-TX-3",))
+    assert [label for label, _ in RUNPOD.candidates(RunPodConfig(), name="p", env={})] == [
+        "1 x NVIDIA H100 80GB HBM3 in any data centre"
+    ]
+
+
+def test_secrets_reach_the_pod_as_runpod_references_and_pass_env_is_flagged(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MY_VALUE", "very-private-value")
+    plan = plan_for(tmp_path, *GPU8, "+infra.secrets.HF_TOKEN=hf_read", "infra.pass_env=[MY_VALUE]")
+    env = RUNPOD.pod_env(plan.infra)
+    assert env == {"HF_TOKEN": "{{ RUNPOD_SECRET_hf_read }}", "MY_VALUE": "very-private-value"}
+    text = RUNPOD.dry_run(plan.infra, plan)
+    assert '"HF_TOKEN": "{{ RUNPOD_SECRET_hf_read }}"' in text and "very-private-value" not in text
+    assert "the values of MY_VALUE (infra.pass_env) are kept there in plain text" in text
+    assert "hf_read" in json.dumps(plan.to_dict())  # the secret's name is in the plan, its value nowhere
+    quiet = plan_for(tmp_path, *GPU8, "+infra.secrets.HF_TOKEN=hf_read")
+    assert "plain text" not in RUNPOD.dry_run(quiet.infra, quiet)
 
 
 def test_public_keys_are_not_secrets_and_power_of_two_vcpus_pass() -> None:
@@ -179,7 +230,7 @@ def test_pins_are_the_installed_dependency_closure_without_torch() -> None:
 
 
 @pytest.fixture
-def pod(tmp_path, fake_ssh, monkeypatch):  # noqa: F811
+def pod(tmp_path, fake_ssh, monkeypatch):
     for key, value in fake_ssh.items():
         monkeypatch.setenv(key, value)
     work = tmp_path / "pod"
@@ -252,7 +303,7 @@ def test_ssh_failures_name_the_step_and_the_pod(tmp_path, pod, monkeypatch) -> N
     assert f"UserKnownHostsFile={tmp_path / 'kh'}" in argv and "BatchMode=yes" in argv
 
 
-def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypatch) -> None:  # noqa: F811
+def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypatch) -> None:
     """``olmx jobs`` on a run whose olmx train was interrupted: the "training" is a sleeping
     process group standing in for the bootstrap."""
     from typer.testing import CliRunner
@@ -274,10 +325,13 @@ def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypat
         json.dumps(
             {
                 "infra": "runpod",
-                "pods": [{"id": pod_id, "host": ssh.host, "port": ssh.port, "user": "root"}],
+                # As launched, before RunPod restarted the pod on another port:
+                "pods": [{"id": pod_id, "host": "198.51.100.9", "port": 40999, "user": "root"}],
                 "cluster_id": None,
                 "created": True,
                 "workdir": str(work),
+                "launch_id": "runpod-abc",
+                "known_hosts": str(tmp_path / "kh"),
             }
         )
     )
@@ -290,10 +344,15 @@ def test_jobs_status_logs_cancel_on_a_running_pod(tmp_path, pod, fake, monkeypat
         status = run.invoke(app, ["jobs", "status", plan.run_dir])
         assert status.exit_code == 0, status.output
         assert status.output.splitlines() == [
+            f"note: RunPod moved the SSH endpoint (pod {pod_id}: 198.51.100.9:40999 -> {ssh.host}:{ssh.port}); "
+            "launch.json updated",
             f"RunPod pod {pod_id}: RUNNING",
             "training: running",
             f"progress: step 3/{plan.run.trainer.max_steps}, loss 5.2500",
         ]
+        record = json.loads((Path(plan.run_dir) / "launch.json").read_text())
+        assert record["pods"] == [{"id": pod_id, "host": ssh.host, "port": ssh.port, "user": "root"}]
+        assert record["known_hosts"] == str(tmp_path / "kh")  # still this launch's file
         logs = run.invoke(app, ["jobs", "logs", plan.run_dir, "-n", "2"])
         assert logs.output.strip() == "line 2\nline 3"
         cancel = run.invoke(app, ["jobs", "cancel", plan.run_dir])
@@ -379,7 +438,7 @@ def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_p
 
 def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_pod(
     tmp_path,
-    fake,  # noqa: F811
+    fake,
     monkeypatch,
 ) -> None:
     corpus = tmp_path / "corpus"
@@ -457,3 +516,19 @@ def test_the_bootstrap_ends_with_the_runs_own_code_when_it_stopped_with_a_checkp
     log = watch.log.read_text()
     assert "stopped: stopped by SIGTERM; checkpoint saved at step 7" in log
     assert "olmx: bootstrap on node 0 ends with status 75" in log
+
+
+def test_wait_for_ssh_retries_refused_connections_and_gives_up_on_a_refused_key(pod, monkeypatch) -> None:
+    remote, _ = pod
+    monkeypatch.setenv("FAKE_SSH_REFUSE_FIRST", "2")
+    seconds, tries = rm.wait_for_ssh(remote, timeout=30, poll=0.01)
+    assert tries == 3 and seconds < 30
+    monkeypatch.setenv("FAKE_SSH_REFUSE_FIRST", "1000")
+    start = time.monotonic()
+    with pytest.raises(Exception, match=r"did not answer within 0.5 s \(\d+ tries; infra.ssh_wait_timeout\)"):
+        rm.wait_for_ssh(remote, timeout=0.5, poll=0.1)
+    assert time.monotonic() - start < 5
+    monkeypatch.delenv("FAKE_SSH_REFUSE_FIRST")
+    monkeypatch.setenv("FAKE_SSH_DENY", "1")
+    with pytest.raises(Exception, match=r"refused the SSH key 3 times.*Permission denied \(publickey\)"):
+        rm.wait_for_ssh(remote, timeout=300, poll=0.01)

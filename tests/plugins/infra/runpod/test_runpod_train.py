@@ -12,12 +12,13 @@ only ``pip install`` (no network here) and records its arguments.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 from fake_runpod import SSH_HOST
-from runpod_testing import KEY, fake, fake_ssh, ssh_calls  # noqa: F401  (fixtures)
+from runpod_testing import KEY, ssh_calls
 
 from tests.conftest import olmx_cli
 from tests.test_training import SMALL
@@ -40,9 +41,11 @@ def pod_python(tmp_path: Path, *, fail: bool = False) -> Path:
     return path
 
 
-def runpod_args(tmp_path: Path, python: Path) -> list[str]:
+def runpod_args(tmp_path: Path, python: Path, key: Path) -> list[str]:
+    """A CPU pod whose "image" Python is ``python``, reached with the SSH key ``key``."""
     return [
         "infra=runpod",
+        f"infra.ssh_key={key}",
         "infra.gpus_per_node=0",
         "infra.nproc_per_node=1",
         "parallel=[]",
@@ -57,7 +60,7 @@ def runpod_args(tmp_path: Path, python: Path) -> list[str]:
 
 
 @pytest.fixture
-def env(fake, fake_ssh, tmp_path_factory) -> dict[str, str]:  # noqa: F811
+def env(fake, fake_ssh, tmp_path_factory) -> dict[str, str]:
     return {
         **fake_ssh,
         "RUNPOD_API_BASE_URL": fake.base_url,
@@ -71,10 +74,14 @@ def files_text(root: Path) -> str:
     return "\n".join(p.read_bytes().decode("latin-1") for p in root.rglob("*") if p.is_file())
 
 
-def test_train_on_a_cpu_pod_end_to_end(tmp_path: Path, fake, env) -> None:  # noqa: F811
+def test_train_on_a_cpu_pod_end_to_end(tmp_path: Path, fake, env, ssh_identity) -> None:
     run, pod_dir = tmp_path / "run", tmp_path / "pod"
     proc = olmx_cli(
-        "train", *runpod_args(tmp_path, pod_python(tmp_path)), "trainer.max_steps=3", "trainer.save_interval=2", env=env
+        "train",
+        *runpod_args(tmp_path, pod_python(tmp_path), ssh_identity),
+        "trainer.max_steps=3",
+        "trainer.save_interval=2",
+        env=env,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out + (files_text(run / "logs") if (run / "logs").exists() else "")
@@ -93,9 +100,12 @@ def test_train_on_a_cpu_pod_end_to_end(tmp_path: Path, fake, env) -> None:  # no
     record = json.loads((run / "launch.json").read_text())
     port = record["pods"][0]["port"]
     assert {(c["port"], c["destination"]) for c in calls} == {(port, f"root@{SSH_HOST}")}
-    assert all(f"-o UserKnownHostsFile={run}/.ssh_known_hosts" in c["options"] for c in calls)
+    assert record["known_hosts"] == f"{run}/.ssh/known_hosts-{record['launch_id']}"
+    assert all(f"-o UserKnownHostsFile={record['known_hosts']}" in c["options"] for c in calls)
+    assert all(f"-i {ssh_identity}" in c["options"] for c in calls)
     commands = [c["command"] for c in calls]
-    assert "tar -xzf - -C" in commands[0] and "NODE_RANK=0 NUM_NODES=1 nohup setsid bash bootstrap.sh" in commands[1]
+    assert commands[0] == "true"  # sshd answers before anything is shipped
+    assert "tar -xzf - -C" in commands[1] and "NODE_RANK=0 NUM_NODES=1 nohup setsid bash bootstrap.sh" in commands[2]
     assert "tar -cf - --exclude=./plan.yaml ." in commands[-1]
     assert len(commands) >= 4  # at least one look while training
 
@@ -123,8 +133,10 @@ def test_train_on_a_cpu_pod_end_to_end(tmp_path: Path, fake, env) -> None:  # no
         assert KEY not in text and SECRET not in text
 
 
-def test_a_failing_run_ends_with_its_exit_code_and_log_and_the_pod_is_stopped(tmp_path: Path, fake, env) -> None:  # noqa: F811,E501
-    proc = olmx_cli("train", *runpod_args(tmp_path, pod_python(tmp_path, fail=True)), env=env)
+def test_a_failing_run_ends_with_its_exit_code_and_log_and_the_pod_is_stopped(
+    tmp_path: Path, fake, env, ssh_identity
+) -> None:
+    proc = olmx_cli("train", *runpod_args(tmp_path, pod_python(tmp_path, fail=True), ssh_identity), env=env)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "training failed with exit code 3" in proc.stderr
     assert "olmx-test: the image has no working python" in proc.stderr  # the log tail
@@ -133,35 +145,70 @@ def test_a_failing_run_ends_with_its_exit_code_and_log_and_the_pod_is_stopped(tm
     assert "olmx-test: the image has no working python" in (tmp_path / "run" / "logs" / "node0.log").read_text()
 
 
-def test_a_pod_that_cannot_be_reached_is_terminated(tmp_path: Path, fake, env) -> None:  # noqa: F811
-    proc = olmx_cli("train", *runpod_args(tmp_path, pod_python(tmp_path)), env={**env, "FAKE_SSH_FAIL": "tar -xzf"})
+def test_a_pod_that_cannot_be_reached_is_terminated(tmp_path: Path, fake, env, ssh_identity) -> None:
+    proc = olmx_cli(
+        "train", *runpod_args(tmp_path, pod_python(tmp_path), ssh_identity), env={**env, "FAKE_SSH_FAIL": "tar -xzf"}
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "copying the run to the pod" in proc.stderr and "Connection refused" in proc.stderr
     assert "which olmx had created: nothing is left running" in proc.stderr
     assert fake.pods == {} and len(fake.calls("DELETE", r"/v2/pods/.*")) == 1
 
 
-def test_a_cluster_is_shipped_to_every_node_and_terminated_when_starting_fails(tmp_path: Path, fake, env) -> None:  # noqa: F811,E501
+def test_a_cluster_is_shipped_to_every_node_and_terminated_when_starting_fails(
+    tmp_path: Path, fake, env, ssh_identity
+) -> None:
     args = [
         "infra=runpod",
         "infra.nodes=2",
-        "infra.gpus_per_node=8",
         "trainer.global_batch_size=16",
         "trainer.micro_batch_size=1",
         f"infra.workdir={tmp_path / 'pod'}",
+        f"infra.ssh_key={ssh_identity}",
         "infra.poll_seconds=0.05",
         f"trainer.run_dir={tmp_path / 'run'}",
     ]
     proc = olmx_cli("train", *args, env={**env, "FAKE_SSH_FAIL": "NODE_RANK=1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    (create,) = fake.calls("POST", "/v2/clusters")
+    (create,) = fake.calls("POST", "/v2/clusters")  # 8 GPUs per node: the default for clusters
     assert create.body["compute"] == {"gpuTypeId": "NVIDIA H100 80GB HBM3", "gpuCountPerPod": 8, "podCount": 2}
     record = json.loads((tmp_path / "run" / "launch.json").read_text())
     ports = [p["port"] for p in record["pods"]]  # node 0 first
-    calls = [(c["port"], c["command"]) for c in ssh_calls(env)]
+    calls = [(c["port"], c["command"]) for c in ssh_calls(env) if c["command"] != "true"]
+    assert [c["port"] for c in ssh_calls(env)][:2] == ports  # sshd of every node answered first
     assert [port for port, _ in calls] == [ports[0], ports[1], ports[0], ports[1]]  # ship, ship, start, start
     assert all("tar -xzf - -C" in command for _, command in calls[:2])
     assert "NODE_RANK=0 NUM_NODES=2 nohup" in calls[2][1] and "NODE_RANK=1 NUM_NODES=2 nohup" in calls[3][1]
     assert "starting the bootstrap" in proc.stderr
     assert fake.clusters == {} and fake.pods == {}  # the cluster olmx made is gone
     assert "--rdzv-backend=c10d" in (tmp_path / "pod" / "bootstrap.sh").read_text()
+
+
+def test_a_pod_running_before_its_ssh_port_and_sshd_is_waited_for(tmp_path: Path, fake, env, ssh_identity) -> None:
+    fake.ssh_after_polls = 2  # RUNNING, but no public port for 22/tcp for two more looks
+    args = [a for a in runpod_args(tmp_path, pod_python(tmp_path), ssh_identity) if "poll_seconds" not in a]
+    # sshd refuses the first two connections; the copy then fails, which ends the launch early.
+    proc = olmx_cli(
+        "train",
+        *args,
+        "infra.poll_seconds=0.05",
+        env={**env, "FAKE_SSH_REFUSE_FIRST": "2", "FAKE_SSH_FAIL": "tar -xzf"},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert len(fake.calls("POST", "/v2/pods")) == 1
+    (pod_id,) = [c.path.rsplit("/", 1)[1] for c in fake.calls("DELETE", r"/v2/pods/.*")]  # terminated
+    assert len(fake.calls("GET", rf"/v2/pods/{pod_id}")) == 3  # STARTING->RUNNING, RUNNING without port, with port
+    assert [c["command"] for c in ssh_calls(env)][:3] == ["true", "true", "true"]
+    assert re.search(rf"SSH on pod {pod_id} \(root@{SSH_HOST}:\d+\) answered after [\d.]+ s \(3 tries\)", proc.stderr)
+    assert "copying the run to the pod" in proc.stderr and fake.pods == {}
+
+
+def test_an_account_without_ssh_keys_is_refused_before_anything_is_written(
+    tmp_path: Path, fake, env, ssh_identity
+) -> None:
+    fake.ssh_keys = []
+    proc = olmx_cli("train", *runpod_args(tmp_path, pod_python(tmp_path), ssh_identity), env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "error: infra.ssh_key: the RunPod account has no registered SSH public key" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists() and fake.calls("POST", "/v2/pods") == []
