@@ -9,7 +9,9 @@ job for ``MinJobAge`` seconds, 300 by default).
 
 The batch script (``templates/slurm/sbatch.sh.j2``) starts one ``srun`` task per node; each
 task runs torchrun, and the torchruns meet in a c10d rendezvous on the first node of the
-allocation, on a port derived from the job id.
+allocation, on a port derived from the job id. Each task gets every CPU the job has on its
+node (or ``cpus_per_task``), passed to srun explicitly; it may run in a pyxis or Apptainer
+container. A job that may be requeued is followed through its requeues (:class:`JobEnd`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from olmx.errors import LaunchError
+from olmx.events import LAUNCH_ENV
 
 #: Path of the batch-script template inside the templates folder (``olmx.templates``).
 TEMPLATE = "slurm/sbatch.sh.j2"
@@ -48,15 +51,119 @@ TERMINAL_STATES = frozenset(
     }
 )
 
+#: Of :data:`TERMINAL_STATES`, those a job that may be requeued (``--requeue``) comes back
+#: from: Slurm requeues it after a node failure or a pre-emption (``PreemptMode=REQUEUE``).
+#: Slurm 22.05 moves such a job straight back to ``PENDING`` (``Restarts`` counts up); other
+#: versions, and ``sacct``, may show one of these states first.
+REQUEUABLE_STATES = frozenset({"NODE_FAIL", "PREEMPTED"})
+
+#: Seconds a job that may be requeued stays in one of :data:`REQUEUABLE_STATES` before olmx
+#: takes that state as its end (a cluster that cancels pre-empted jobs, or does not requeue).
+REQUEUE_GRACE_S = 60.0
+
+#: States of a job that Slurm holds until someone releases it (``scontrol release``): not an
+#: end, but the job will not run by itself either.
+HELD_STATES = frozenset({"REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD"})
+
+#: How the batch script asks for GPUs: ``--gpus-per-node=[type:]N`` or, for clusters that
+#: configure GPUs only as generic resources, ``--gres=gpu[:type]:N``.
+GPU_REQUESTS = ("gpus-per-node", "gres")
+
+#: Container runtimes of the batch script: pyxis (``srun --container-image``, enroot images)
+#: and Apptainer or SingularityCE (``apptainer|singularity exec IMAGE ...`` in each srun task).
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
+
 # Values that land in `#SBATCH --opt=value` lines, which sbatch splits on whitespace itself.
 _OPTION_VALUE = re.compile(r"[^\s'\"\\]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _JOB_ID = re.compile(r"\d+(_\d+)?")
+# --mem: a whole number with an optional unit (sbatch's default unit is M); 0 = all of it.
+_MEM = re.compile(r"\d+[KMGTkmgt]?")
+_GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# A container mount: SRC:DST or SRC:DST:FLAGS (ro, rw, pyxis' "ro+private", ...), absolute paths.
+_MOUNT = re.compile(r"/[^\s,:'\"\\]*:/[^\s,:'\"\\]*(:[A-Za-z0-9+]+)?")
+_IMAGE = re.compile(r"[^\s,'\"\\]+")
+# Slurm's --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
 
 
 class SlurmError(LaunchError):
     """A Slurm command is missing, failed or answered something unexpected; the message names
     the command and what it wrote to stderr."""
+
+
+def time_limit_seconds(limit: str | int | None) -> int | None:
+    """Seconds of a ``--time`` value in Slurm's syntax (``"90"`` minutes, ``"30:00"``
+    minutes:seconds, ``"02:00:00"``, ``"1-12"`` days-hours, ``"1-00:00:00"``); None for no limit
+    (None, ``0``, ``UNLIMITED``, ``INFINITE``).
+
+    Raises:
+        SlurmError: Not one of those forms (the message names ``time``).
+    """
+    if limit is None:
+        return None
+    text = str(limit)
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = _TIME.fullmatch(text)
+    if match is None:
+        raise SlurmError(
+            f"slurm time={limit!r}: not a Slurm time limit; write minutes (90), MM:SS, HH:MM:SS, "
+            "D-HH, D-HH:MM or D-HH:MM:SS (1-00:00:00), or UNLIMITED"
+        )
+    days, d_hours, d_minutes, d_seconds, minutes, m_seconds, h_seconds = match.groups()
+    if days is not None:
+        total = int(days) * 86400 + int(d_hours) * 3600 + int(d_minutes or 0) * 60 + int(d_seconds or 0)
+    elif h_seconds is not None:  # HH:MM:SS
+        total = int(minutes) * 3600 + int(m_seconds) * 60 + int(h_seconds)
+    else:  # MM or MM:SS
+        total = int(minutes) * 60 + int(m_seconds or 0)
+    return total or None  # --time=0: no limit
+
+
+def gpu_option(gpus_per_node: int, *, gpu_type: str | None = None, request: str = "gpus-per-node") -> str:
+    """The option that asks for ``gpus_per_node`` GPUs on each node, in the style ``request``
+    (:data:`GPU_REQUESTS`): ``--gpus-per-node=[type:]N`` or ``--gres=gpu[:type]:N``."""
+    if request not in GPU_REQUESTS:
+        raise SlurmError(f"slurm gpu_request={request!r}: allowed: {', '.join(GPU_REQUESTS)}")
+    if gpu_type is not None and not _GPU_TYPE.fullmatch(gpu_type):
+        raise SlurmError(f"slurm gpu_type={gpu_type!r}: one Slurm GPU type name (h100, a100_80g), no ':' or ','")
+    typed = f"{gpu_type}:" if gpu_type else ""
+    return (
+        f"--gpus-per-node={typed}{gpus_per_node}"
+        if request == "gpus-per-node"
+        else f"--gres=gpu:{typed}{gpus_per_node}"
+    )
+
+
+class JobEnd:
+    """Tells, from the states of one job seen one after the other, when it has ended for good.
+
+    A state of :data:`TERMINAL_STATES` is the end, except that a job that may be requeued
+    (``requeue=True``) is given ``grace`` seconds to come back from one of
+    :data:`REQUEUABLE_STATES`."""
+
+    def __init__(self, *, requeue: bool, grace: float | None = None, clock: Callable[[], float] = _time.monotonic):
+        self.requeue = requeue
+        self.grace = REQUEUE_GRACE_S if grace is None else grace
+        self._clock = clock
+        self._since: float | None = None
+
+    def final(self, state: str) -> bool:
+        """Whether ``state``, just seen, is the job's end."""
+        if state not in TERMINAL_STATES:
+            self._since = None
+            return False
+        if not (self.requeue and state in REQUEUABLE_STATES):
+            return True
+        if self._since is None:
+            self._since = self._clock()
+        return self._clock() - self._since >= self.grace
+
+    def waiting(self) -> float | None:
+        """Seconds the job has been in one of :data:`REQUEUABLE_STATES`, waiting to be
+        requeued; None when it is not."""
+        return None if self._since is None else self._clock() - self._since
 
 
 # ------------------------------------------------------------------------------- rendering
@@ -74,12 +181,18 @@ def render_sbatch(
     account: str | None = None,
     time: str | int | None = None,
     gpus_per_node: int | None = None,
+    gpu_type: str | None = None,
+    gpu_request: str = "gpus-per-node",
     cpus_per_task: int | None = None,
+    exclusive: bool = False,
     mem: str | None = None,
     signal_seconds: int | None = None,
     requeue: bool = False,
+    max_requeues: int | None = None,
+    container_runtime: str = "pyxis",
     container_image: str | None = None,
-    container_mounts: str | None = None,
+    container_mounts: Sequence[str] = (),
+    container_env: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     workdir: str | os.PathLike[str] | None = None,
     extra_sbatch_args: Sequence[str] = (),
@@ -96,33 +209,55 @@ def render_sbatch(
             word by word.
         nproc_per_node: Worker processes per node (GPUs per node on a GPU cluster).
         nodes: Number of nodes; one ``srun`` task, i.e. one torchrun, runs on each.
-        python: Python executable on the nodes that runs ``-m torch.distributed.run``.
+        python: Python executable on the nodes (in the container, with one) that runs
+            ``-m torch.distributed.run``.
         job_name: Slurm job name.
         partition: ``--partition``; omitted when None.
         account: ``--account``; omitted when None.
         time: ``--time`` limit, in Slurm's syntax (``"02:00:00"``) or whole minutes.
-        gpus_per_node: ``--gpus-per-node``; omitted when None.
-        cpus_per_task: ``--cpus-per-task`` (the CPUs of one node's torchrun and all its
-            workers); given to srun as well, which does not inherit it from sbatch.
-        mem: ``--mem`` per node (``"64G"``); omitted when None.
+        gpus_per_node: GPUs of each node, asked for with :func:`gpu_option` in the batch
+            script and in srun; none when None.
+        gpu_type: Slurm's GPU type name (``h100``) in that option; any GPU when None.
+        gpu_request: ``"gpus-per-node"`` or ``"gres"`` (:data:`GPU_REQUESTS`).
+        cpus_per_task: ``--cpus-per-task`` of the job (the CPUs of one node's torchrun and
+            all its workers). None: the task gets every CPU the job has on its node (the
+            smallest count, from ``SLURM_JOB_CPUS_PER_NODE``): the whole node with
+            ``exclusive``. Either way srun is given the number, since srun does not take it
+            from the batch job (Slurm 22.05 and later).
+        exclusive: ``--exclusive``: the nodes are the job's alone, with all their CPUs.
+        mem: ``--mem`` per node (``"64G"``; ``"0"``: all of it); omitted when None.
         signal_seconds: Send SIGTERM to the batch script this many seconds before the time
             limit (``--signal=B:TERM@N``); the script passes it on to the job steps
             (``scancel --signal=TERM``), so that the workers can save a checkpoint.
             Omitted when None.
         requeue: Allow Slurm to requeue the job (``--requeue``, with ``--open-mode=append``
-            so that a requeued run adds to the same log).
-        container_image: Run each srun task in this image (pyxis ``--container-image``).
-        container_mounts: pyxis ``--container-mounts`` (``"/src:/dst,..."``); with an image only.
+            so that a requeued run adds to the same log); a run that stopped with a
+            checkpoint (exit 75) requeues the job itself.
+        max_requeues: With ``requeue``: the script requeues the job itself only while
+            ``SLURM_RESTART_COUNT`` (requeues so far, Slurm's own included) is below this;
+            else it exits 75. None: no cap.
+        container_runtime: ``"pyxis"``, ``"apptainer"`` or ``"singularity"``
+            (:data:`CONTAINER_RUNTIMES`), used with ``container_image``.
+        container_image: Run each srun task (and the script's outcome check) in this image.
+            pyxis: ``srun --container-image`` (named ``olmx`` within the job, so the outcome
+            check reuses it); Apptainer/Singularity: ``apptainer exec IMAGE`` inside srun,
+            with ``--nv`` when there are GPUs.
+        container_mounts: Host paths inside the container, each ``"/src:/dst[:flags]"``
+            (pyxis ``--container-mounts``, Apptainer ``--bind``).
+        container_env: Names of variables whose values from the job's environment override
+            the image's own (pyxis ``--container-env``; Apptainer: ``APPTAINERENV_<name>``),
+            besides ``env``'s and ``OLMX_LAUNCH_ID``, which always do.
         env: Variables exported in the batch script, inherited by srun and the workers.
-        workdir: Directory the script changes to before starting srun; default ``run_dir``.
+        workdir: Directory the script changes to before starting srun (and the container's
+            working directory); default ``run_dir``.
         extra_sbatch_args: Further ``#SBATCH`` options, each one ``--name[=value]`` word.
         torchrun_flags: Further torchrun options (:func:`olmx.launch.torchrun_flags`), quoted
             word by word.
 
     Raises:
         SlurmError: A value would not survive an ``#SBATCH`` line or the shell (whitespace
-            or quotes in an option, a bad variable name, a multi-line command, ...); the
-            message names the argument.
+            or quotes in an option, a bad variable name, a multi-line command, ...), or is
+            not one Slurm or the container runtime takes; the message names the argument.
     """
     from olmx.launch import render_template
 
@@ -141,15 +276,25 @@ def render_sbatch(
     ):
         if number is not None and (not isinstance(number, int) or number < 1):
             raise SlurmError(f"slurm {name}={number!r}: must be a whole number >= 1, or unset")
+    if signal_seconds is not None and signal_seconds > 0xFFFF:
+        raise SlurmError(f"slurm signal_seconds={signal_seconds}: Slurm's --signal takes at most 65535 seconds")
+    if max_requeues is not None and (not isinstance(max_requeues, int) or max_requeues < 0):
+        raise SlurmError(f"slurm max_requeues={max_requeues!r}: must be a whole number >= 0, or unset")
     for name, text in (
         ("job_name", job_name),
         ("partition", partition),
         ("account", account),
         ("time", time),
-        ("mem", mem),
     ):
         if text is not None and not _OPTION_VALUE.fullmatch(str(text)):
             raise SlurmError(f"slurm {name}={text!r}: no whitespace or quotes allowed")
+    time_limit_seconds(time)
+    if mem is not None and not _MEM.fullmatch(str(mem)):
+        raise SlurmError(
+            f"slurm mem={mem!r}: Slurm's --mem takes a whole number with an optional unit K, M, G or T "
+            "(500G), or 0 for all of each node's memory"
+        )
+    gpus = gpu_option(gpus_per_node, gpu_type=gpu_type, request=gpu_request) if gpus_per_node else None
     for arg in extra_sbatch_args:
         if not (arg.startswith("--") and _OPTION_VALUE.fullmatch(arg)):
             raise SlurmError(f"slurm extra_sbatch_args: {arg!r} is not one '--option[=value]' word")
@@ -157,6 +302,9 @@ def render_sbatch(
     for key in env:
         if not _ENV_NAME.fullmatch(key):
             raise SlurmError(f"slurm env: {key!r} is not a valid environment variable name")
+    srun_container, exec_prefix, events_prefix, override = _container(
+        container_runtime, container_image, container_mounts, container_env, env, workdir, bool(gpus_per_node)
+    )
     if isinstance(command, str):
         if not command.strip() or "\n" in command:
             raise SlurmError(f"slurm command={command!r}: must be one non-empty line")
@@ -176,13 +324,22 @@ def render_sbatch(
         partition=partition,
         account=account,
         time=time,
-        gpus_per_node=gpus_per_node,
+        gpu_option=gpus,
         cpus_per_task=cpus_per_task,
+        exclusive=exclusive,
         mem=mem,
         signal_seconds=signal_seconds,
         requeue=requeue,
-        container_image=container_image,
-        container_mounts=container_mounts,
+        max_requeues=max_requeues,
+        container_runtime=container_runtime if container_image else None,
+        # Shell words, quoted here: a template line that starts with a loop loses its indent.
+        srun_container="".join(" " + shlex.quote(word) for word in srun_container),
+        exec_prefix="".join(shlex.quote(word) + " " for word in exec_prefix),
+        events_prefix="".join(
+            shlex.quote(word) + " "
+            for word in ([*("srun", "--nodes=1", "--ntasks=1"), *srun_container] if srun_container else events_prefix)
+        ),
+        container_override=override,
         env=list(env.items()),
         workdir=str(workdir),
         extra_sbatch_args=list(extra_sbatch_args),
@@ -190,6 +347,49 @@ def render_sbatch(
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
     )
+
+
+def _container(
+    runtime: str,
+    image: str | None,
+    mounts: Sequence[str],
+    names: Sequence[str],
+    env: Mapping[str, str],
+    workdir: Path,
+    gpus: bool,
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The container's words: srun options (pyxis), the prefix of the training command and of
+    the outcome check (Apptainer/Singularity), and the names of the variables whose values from
+    the job's environment override the image's."""
+    if runtime not in CONTAINER_RUNTIMES:
+        raise SlurmError(f"slurm container_runtime={runtime!r}: allowed: {', '.join(CONTAINER_RUNTIMES)}")
+    mounts, names = list(mounts), list(names)
+    if image is None:
+        if mounts or names:
+            what = "container_mounts" if mounts else "container_env"
+            raise SlurmError(f"slurm {what}: set without a container image; they apply only inside a container")
+        return [], [], [], []
+    if not _IMAGE.fullmatch(image):
+        raise SlurmError(f"slurm container_image={image!r}: one word, no whitespace, quotes or ','")
+    for mount in mounts:
+        if not _MOUNT.fullmatch(mount):
+            raise SlurmError(
+                f"slurm container_mounts: {mount!r} is not '/src:/dst' or '/src:/dst:flags' "
+                "(absolute paths, no whitespace, quotes or ','), e.g. '/shared:/shared'"
+            )
+    for name in names:
+        if not _ENV_NAME.fullmatch(name):
+            raise SlurmError(f"slurm container_env: {name!r} is not a valid environment variable name")
+    override = sorted({*env, LAUNCH_ENV, *names})
+    if runtime == "pyxis":
+        srun = [f"--container-image={image}", "--container-name=olmx"]
+        srun += [f"--container-mounts={','.join(mounts)}"] if mounts else []
+        srun += [f"--container-workdir={workdir}", f"--container-env={','.join(override)}"]
+        return srun, [], [], override
+    prefix = [runtime, "exec"]
+    prefix += [f"--bind={','.join(mounts)}"] if mounts else []
+    prefix += [f"--pwd={workdir}"]
+    return [], [*prefix[:2], *(["--nv"] if gpus else []), *prefix[2:], image], [*prefix, image], override
 
 
 # ------------------------------------------------------------------------------- commands
@@ -281,9 +481,13 @@ def wait(
     on_state: Callable[[str], object] | None = None,
     poll: float = 5.0,
     timeout: float | None = None,
+    requeue: bool = False,
+    grace: float | None = None,
 ) -> tuple[str, int | None]:
-    """Poll the job every ``poll`` seconds until it reaches a state in
-    :data:`TERMINAL_STATES`; return ``(state, exit_code)``.
+    """Poll the job every ``poll`` seconds until it has ended (:class:`JobEnd`: a state in
+    :data:`TERMINAL_STATES`; with ``requeue``, one of :data:`REQUEUABLE_STATES` only once the
+    job has stayed in it ``grace`` seconds, default :data:`REQUEUE_GRACE_S`); return
+    ``(state, exit_code)``. A requeued job is followed through its next runs.
 
     ``on_state`` is called with each new state as it is first seen (also the first one).
     ``exit_code`` is the batch script's exit status (the script exits with srun's, which is
@@ -296,6 +500,7 @@ def wait(
             command failed.
     """
     deadline = None if timeout is None else _time.monotonic() + timeout
+    end = JobEnd(requeue=requeue, grace=grace)
     last = None
     while True:
         state = job_state(job_id)
@@ -303,7 +508,7 @@ def wait(
             last = state
             if on_state is not None:
                 on_state(state)
-        if state in TERMINAL_STATES:
+        if end.final(state):
             return _ended(job_id, state)
         if deadline is not None and _time.monotonic() >= deadline:
             raise SlurmError(f"job {job_id} is still {state} after {timeout:g} s")
@@ -312,7 +517,8 @@ def wait(
 
 def outcome(job_id: str) -> tuple[str, int | None] | None:
     """One look at the job, for a caller that polls by itself: None while it is queued or
-    running, else ``(state, exit_code)`` as :func:`wait` returns them."""
+    running, else ``(state, exit_code)`` as :func:`wait` returns them. (A job that may be
+    requeued needs several looks: :class:`JobEnd`.)"""
     state = job_state(job_id)
     return _ended(job_id, state) if state in TERMINAL_STATES else None
 

@@ -8,13 +8,16 @@ runs, the progress bar drawn from ``RUN_DIR/metrics.jsonl`` (the run directory m
 storage that the login node and the compute nodes share). Ctrl-C asks whether to cancel the
 job; without a terminal to ask on, the job keeps running and olmx prints how to reach it.
 ``infra.detach=true`` submits and returns; ``olmx jobs status|logs|cancel RUN_DIR`` work on
-the job later.
+the job later. With ``infra.requeue=true`` olmx follows the job through its requeues (its own,
+after a run stopped with a checkpoint, at most ``infra.max_requeues``; Slurm's, after a node
+failure or pre-emption) until it really ends.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -28,14 +31,70 @@ from olmx.rundir import RunDir, tail
 SCRIPT_FILE = "sbatch.sh"
 
 
+#: Seconds the default ``infra.signal_seconds`` adds to ``infra.stop_timeout``: for the batch
+#: script to pass SIGTERM on, torchrun to stop, the outcome check and the requeue. (Slurm may
+#: send the signal up to 60 s early, never late.)
+SIGNAL_MARGIN_S = 60
+
+#: ``extra_sbatch_args`` options that olmx sets itself, with the setting to use instead.
+OWN_OPTIONS = {
+    "--nodes": "infra.nodes",
+    "--ntasks-per-node": "infra.nodes (one task per node)",
+    "--ntasks": "infra.nodes (one task per node)",
+    "--job-name": "infra.job_name",
+    "--partition": "infra.partition",
+    "--account": "infra.account",
+    "--time": "infra.time",
+    "--output": "trainer.run_dir (the log is RUN_DIR/slurm-<job id>.out)",
+    "--error": "trainer.run_dir (the log is RUN_DIR/slurm-<job id>.out)",
+    "--open-mode": "infra.requeue",
+    "--cpus-per-task": "infra.cpus_per_task",
+    "--mem": "infra.mem",
+    "--exclusive": "infra.exclusive",
+    "--gpus-per-node": "infra.gpus_per_node (and infra.gpu_type)",
+    "--gpus": "infra.gpus_per_node (and infra.gpu_type)",
+    "--signal": "infra.signal_seconds",
+    "--requeue": "infra.requeue",
+    "--no-requeue": "infra.requeue",
+}
+
+
+@dataclass
+class SlurmContainerConfig:
+    """``infra.container``: the image each node's task runs in."""
+
+    #: ``pyxis`` (``srun --container-image``; enroot images: ``nvcr.io#nvidia/pytorch:25.01-py3``,
+    #: a ``.sqsh`` file), ``apptainer`` or ``singularity`` (``apptainer exec IMAGE`` inside each
+    #: srun task, ``--nv`` with GPUs; a ``.sif`` file, a sandbox folder, ``docker://...``).
+    runtime: str = "pyxis"
+    #: The image; null: no container (the nodes' own environment).
+    image: Optional[str] = None
+    #: Host paths seen in the container, each ``/src:/dst`` or ``/src:/dst:ro`` (pyxis
+    #: ``--container-mounts``, Apptainer ``--bind``). The run directory and the data must be at
+    #: the same paths inside (``/shared:/shared``); pyxis mounts nothing by itself.
+    mounts: list[str] = field(default_factory=list)
+    #: Names of variables of the submitting shell (which the job inherits) whose values override
+    #: the image's own, e.g. ``[HF_TOKEN, NCCL_SOCKET_IFNAME]`` (pyxis ``--container-env``;
+    #: Apptainer ``APPTAINERENV_<name>``). ``infra.env``'s names always do.
+    env: list[str] = field(default_factory=list)
+
+
 @dataclass
 class SlurmConfig(TorchrunConfig):
     """Settings of ``infra=slurm``."""
 
     #: Nodes of the job (``--nodes``); one torchrun runs on each.
     nodes: int = 1
-    #: GPUs per node (``--gpus-per-node``); 0 trains on CPUs.
+    #: GPUs per node (``--gpus-per-node``, or ``--gres`` with ``infra.gpu_request=gres``); 0
+    #: trains on CPUs.
     gpus_per_node: int = 0
+    #: How the job asks for GPUs: ``gpus-per-node`` (``--gpus-per-node=N``, ``=h100:N`` with a
+    #: type) or ``gres`` (``--gres=gpu:N``, ``gpu:h100:N``: for clusters that configure GPUs
+    #: only as generic resources); srun is given the same option.
+    gpu_request: str = "gpus-per-node"
+    #: Slurm's GPU type name (the cluster's gres.conf ``Type``, e.g. ``h100``) in that option;
+    #: null: any GPU. (``infra.gpu_name`` is the model olmx plans for.)
+    gpu_type: Optional[str] = None
     #: Worker processes per node; null means one per GPU, or 2 CPU processes.
     nproc_per_node: Optional[int] = None
     #: GPU model of the nodes (e.g. ``NVIDIA H100 80GB HBM3``): shown in the plan, and its
@@ -47,31 +106,49 @@ class SlurmConfig(TorchrunConfig):
     account: Optional[str] = None
     #: Time limit in Slurm's syntax (``02:00:00``, ``1-00:00:00``) or minutes.
     time: Optional[str] = None
-    #: CPUs of each node's task (``--cpus-per-task``): torchrun and all its workers.
+    #: The nodes are the job's alone (``--exclusive``), with all their CPUs and (unless
+    #: ``infra.mem`` says otherwise) all their memory. false: share nodes, and set
+    #: ``infra.cpus_per_task``.
+    exclusive: bool = True
+    #: CPUs of each node's task (``--cpus-per-task``, given to srun too): torchrun and all its
+    #: workers. null: every CPU of the node (with ``infra.exclusive``).
     cpus_per_task: Optional[int] = None
-    #: Memory per node (``--mem``, e.g. ``500G``).
+    #: Memory per node (``--mem``, e.g. ``500G``; ``0``: all of it). null: all of it with
+    #: ``infra.exclusive`` (``--mem=0``), else the cluster's default.
     mem: Optional[str] = None
-    #: Run each node's task in this container image (pyxis ``--container-image``).
+    #: The container of each node's task (``infra.container.image`` and its runtime, mounts
+    #: and environment); none by default.
+    container: SlurmContainerConfig = field(default_factory=SlurmContainerConfig)
+    #: Removed: refused with a pointer to ``infra.container.image``.
     container_image: Optional[str] = None
-    #: pyxis ``--container-mounts`` (``/src:/dst,...``); the run directory must be inside one.
+    #: Removed: refused with a pointer to ``infra.container.mounts``.
     container_mounts: Optional[str] = None
     #: SIGTERM the job this many seconds before its time limit, so that the workers can save
-    #: a checkpoint (``--signal=B:TERM@N``).
+    #: a checkpoint (``--signal=B:TERM@N``); at least ``infra.stop_timeout``. null:
+    #: ``infra.stop_timeout`` + 60.
     signal_seconds: Optional[int] = None
-    #: Let Slurm requeue the job (pre-emption, node failure); it resumes from its last
-    #: checkpoint in the same run directory.
+    #: Let Slurm requeue the job (pre-emption, node failure); a run that saved a checkpoint
+    #: and stopped requeues it too. It resumes from its last checkpoint in the same run
+    #: directory; olmx follows it through its next runs.
     requeue: bool = False
+    #: With ``infra.requeue``: the job requeues itself only while it has been requeued fewer
+    #: than this many times (``SLURM_RESTART_COUNT``, Slurm's own requeues included); then it
+    #: ends with exit code 75 (rerun the same ``olmx train`` to resume). A run longer than
+    #: ``max_requeues + 1`` time limits needs more.
+    max_requeues: int = 3
     #: Submit, print the job id and return at once (then ``olmx jobs status RUN_DIR``).
     detach: bool = False
     #: Python on the nodes that runs torchrun and ``olmx run`` (it needs olmx installed);
-    #: null: the Python running this olmx (right when the environment is on shared storage).
+    #: null: ``python`` in a container, else the Python running this olmx (right when the
+    #: environment is on shared storage).
     python: Optional[str] = None
     #: Extra environment variables of the job. They are written into the plan and the batch
     #: script, so no secrets here: the job inherits the submitting shell's environment anyway.
     env: dict[str, str] = field(default_factory=dict)
     #: Slurm job name.
     job_name: str = "olmx"
-    #: Further ``#SBATCH`` options, each one ``--name=value`` word (``--qos=high``).
+    #: Further ``#SBATCH`` options, each one ``--name=value`` word (``--qos=high``); not the
+    #: ones olmx sets from its own settings (``--mem``: ``infra.mem``, ...).
     extra_sbatch_args: list[str] = field(default_factory=list)
     #: Seconds between two questions to Slurm while following the job.
     poll_seconds: float = 5.0
@@ -102,6 +179,7 @@ class SlurmInfra(InfraPlugin):
             )
         if cfg.poll_seconds <= 0:
             raise ConfigError("infra.poll_seconds", f"must be positive, got {cfg.poll_seconds}")
+        _check(cfg)
         # Every setting that lands in the script is checked now, before anything is written.
         _render(cfg, run_dir="/olmx-check", plan_path="/olmx-check/plan.yaml", nproc_per_node=nproc)
         if not cfg.gpus_per_node:
@@ -167,7 +245,7 @@ class SlurmInfra(InfraPlugin):
         from olmx_plugins.infra.slurm import jobs
 
         log = jobs.log_path(job_id, plan.run_dir)
-        watch = _JobWatch(job_id, cfg.poll_seconds)
+        watch = _JobWatch(job_id, cfg.poll_seconds, requeue=cfg.requeue, say=console.print)
         try:
             with console.status(f"Slurm job {job_id}: submitted") as status:
                 start = time.monotonic()
@@ -225,6 +303,9 @@ class SlurmInfra(InfraPlugin):
             extra = [f"reason {reason}"] if state == "PENDING" and reason != "None" else []
             extra += [f"nodes {details['NodeList']}"] if details.get("NodeList", "(null)") != "(null)" else []
             extra += [f"run time {details['RunTime']}"] if "RunTime" in details else []
+            restarts = details.get("Restarts", "0")
+            extra += [f"requeued {restarts} time(s)"] if restarts.isdigit() and int(restarts) else []
+            extra += [f"held: scontrol release {job_id}"] if state in jobs.HELD_STATES else []
             extra += [f"exit code {details['ExitCode']}"] if state in jobs.TERMINAL_STATES else []
             line = f"Slurm job {job_id}: {state}" + (f" ({', '.join(extra)})" if extra else "")
         except jobs.SlurmError as exc:
@@ -245,18 +326,27 @@ class SlurmInfra(InfraPlugin):
 
         job_id = RunDir(plan.run_dir).read_launch("Slurm")["job_id"]
         state = jobs.job_state(job_id)
-        if state in jobs.TERMINAL_STATES:
+        if state in jobs.TERMINAL_STATES and not (cfg.requeue and state in jobs.REQUEUABLE_STATES):
             raise LaunchError(f"Slurm job {job_id} has already ended ({state}); nothing to cancel")
         jobs.cancel(job_id)
 
 
 class _JobWatch:
-    """Asks Slurm about one job at most every ``every`` seconds; remembers the answers."""
+    """Asks Slurm about one job at most every ``every`` seconds; remembers the answers. With
+    ``requeue`` the job is followed through its requeues (:class:`jobs.JobEnd`); ``say``
+    is told, in one line each, of a requeue, a hold and a wait for one."""
 
-    def __init__(self, job_id: str, every: float) -> None:
+    def __init__(
+        self, job_id: str, every: float, *, requeue: bool = False, say: Callable[[str], object] | None = None
+    ) -> None:
+        from olmx_plugins.infra.slurm import jobs
+
         self.job_id, self.every = job_id, every
         self.state: str | None = None
         self.reason = ""
+        self.restarts = 0
+        self._end = jobs.JobEnd(requeue=requeue)
+        self._say = say or (lambda line: None)
         self._asked = float("-inf")
         self._code: int | None = None
 
@@ -267,10 +357,28 @@ class _JobWatch:
             return
         self._asked = time.monotonic()
         details = jobs.job_details(self.job_id)
-        self.state, self.reason = details["JobState"], details.get("Reason", "None")
-        if self.state in jobs.TERMINAL_STATES:
+        state, self.reason = details["JobState"], details.get("Reason", "None")
+        restarts = details.get("Restarts", "0")
+        if restarts.isdigit() and int(restarts) > self.restarts:
+            self.restarts = int(restarts)
+            self._say(
+                f"Slurm job {self.job_id} was requeued (restart {self.restarts}); "
+                "it resumes from its last checkpoint when it runs again"
+            )
+        if state != self.state:
+            if state in jobs.HELD_STATES:
+                self._say(
+                    f"Slurm job {self.job_id} is {state} (reason {self.reason}): Slurm holds it until "
+                    f"`scontrol release {self.job_id}`; Ctrl-C stops following"
+                )
+            elif self._end.requeue and state in jobs.REQUEUABLE_STATES:
+                self._say(
+                    f"Slurm job {self.job_id} is {state}; waiting up to {self._end.grace:g} s for Slurm to requeue it"
+                )
+        self.state = state
+        if self._end.final(state):
             code = jobs.job_exit_code(details)
-            self._code = 0 if self.state == "COMPLETED" else (code or 1)
+            self._code = 0 if state == "COMPLETED" else (code or 1)
 
     def queued(self) -> bool:
         """True while the job waits for nodes (PENDING, CONFIGURING, ...)."""
@@ -282,9 +390,90 @@ class _JobWatch:
         return (self.state or "?") + (f", reason {self.reason}" if self.reason not in ("", "None") else "")
 
     def poll(self) -> int | None:
-        """None while the job runs, then its exit code (0 only for COMPLETED)."""
+        """None while the job is queued, runs or may still be requeued, then its exit code
+        (0 only for COMPLETED)."""
         self._ask()
         return self._code
+
+
+def _check(cfg: SlurmConfig) -> None:
+    """ConfigError, naming the key, for settings that do not fit together."""
+    from olmx_plugins.infra.slurm import jobs
+
+    cfg.check()
+    if cfg.container_image is not None:
+        raise ConfigError(
+            "infra.container_image",
+            "replaced by infra.container.image (with infra.container.runtime=pyxis, apptainer or singularity)",
+        )
+    if cfg.container_mounts is not None:
+        raise ConfigError(
+            "infra.container_mounts", "replaced by infra.container.mounts, a list: infra.container.mounts=[/src:/dst]"
+        )
+    if cfg.gpu_request not in jobs.GPU_REQUESTS:
+        raise ConfigError(
+            "infra.gpu_request", f"'{cfg.gpu_request}' is not allowed; allowed: {', '.join(jobs.GPU_REQUESTS)}"
+        )
+    if cfg.gpu_type is not None and not cfg.gpus_per_node:
+        raise ConfigError("infra.gpu_type", f"'{cfg.gpu_type}' set, but infra.gpus_per_node=0 asks for no GPUs")
+    if cfg.container.runtime not in jobs.CONTAINER_RUNTIMES:
+        raise ConfigError(
+            "infra.container.runtime",
+            f"'{cfg.container.runtime}' is not allowed; allowed: {', '.join(jobs.CONTAINER_RUNTIMES)}",
+        )
+    if not cfg.exclusive and cfg.cpus_per_task is None:
+        raise ConfigError(
+            "infra.cpus_per_task",
+            "with infra.exclusive=false set the CPUs of each node's task (torchrun and its workers), "
+            "e.g. infra.cpus_per_task=16; else Slurm gives it one CPU",
+        )
+    if cfg.max_requeues < 0:
+        raise ConfigError("infra.max_requeues", f"must be 0 or more, got {cfg.max_requeues}")
+    for arg in cfg.extra_sbatch_args:
+        name = arg.split("=", 1)[0]
+        instead = OWN_OPTIONS.get(name)
+        if name == "--exclusive" and arg != name and not cfg.exclusive:
+            instead = None  # --exclusive=user|mcs|topo on nodes olmx does not ask to have alone
+        if name == "--gres" and any(g.startswith("gpu") for g in arg.partition("=")[2].split(",")):
+            instead = "infra.gpus_per_node with infra.gpu_request=gres (and infra.gpu_type)"
+        if name in ("--mem-per-cpu", "--mem-per-gpu") and cfg.mem is not None:
+            instead = "infra.mem alone (Slurm takes one of --mem, --mem-per-cpu, --mem-per-gpu)"
+        if instead is not None:
+            raise ConfigError("infra.extra_sbatch_args", f"'{arg}' is set by olmx: use {instead}")
+    if cfg.signal_seconds is not None and cfg.signal_seconds < cfg.stop_timeout:
+        raise ConfigError(
+            "infra.signal_seconds",
+            f"{cfg.signal_seconds} s is less than infra.stop_timeout={cfg.stop_timeout} s, the time the workers "
+            f"get to save a checkpoint after SIGTERM; set at least {cfg.stop_timeout} (null: "
+            f"{cfg.stop_timeout + SIGNAL_MARGIN_S}) or lower infra.stop_timeout",
+        )
+    try:
+        limit = jobs.time_limit_seconds(cfg.time)
+    except jobs.SlurmError as exc:
+        raise ConfigError("infra.time", str(exc).removeprefix("slurm time=")) from None
+    signal = _signal_seconds(cfg)
+    if limit is not None and signal >= limit:
+        given = "" if cfg.signal_seconds is not None else f" (infra.stop_timeout + {SIGNAL_MARGIN_S})"
+        raise ConfigError(
+            "infra.signal_seconds",
+            f"{signal} s{given} is not shorter than infra.time={cfg.time} ({limit} s): the job would be told "
+            "to stop as soon as it starts; raise infra.time or lower infra.stop_timeout",
+        )
+
+
+def _signal_seconds(cfg: SlurmConfig) -> int:
+    return cfg.signal_seconds if cfg.signal_seconds is not None else cfg.stop_timeout + SIGNAL_MARGIN_S
+
+
+#: render_sbatch's argument names that are not ``infra.<same name>``.
+_KEYS = {
+    "run_dir": "trainer.run_dir",
+    "workdir": "trainer.run_dir",
+    "container_runtime": "infra.container.runtime",
+    "container_image": "infra.container.image",
+    "container_mounts": "infra.container.mounts",
+    "container_env": "infra.container.env",
+}
 
 
 def _render(cfg: SlurmConfig, *, run_dir: str, plan_path: str, nproc_per_node: int) -> str:
@@ -292,7 +481,14 @@ def _render(cfg: SlurmConfig, *, run_dir: str, plan_path: str, nproc_per_node: i
     from olmx.launch import torchrun_flags, worker_command
     from olmx_plugins.infra.slurm import jobs
 
-    python = cfg.python or sys.executable
+    python = cfg.python or ("python" if cfg.container.image else sys.executable)
+    mem = cfg.mem
+    if (
+        mem is None
+        and cfg.exclusive
+        and not any(a.startswith(("--mem-per-cpu", "--mem-per-gpu")) for a in cfg.extra_sbatch_args)
+    ):
+        mem = "0"  # --exclusive gives a job all of a node's CPUs but only the memory it asks for
     try:
         return jobs.render_sbatch(
             run_dir=run_dir,
@@ -305,12 +501,18 @@ def _render(cfg: SlurmConfig, *, run_dir: str, plan_path: str, nproc_per_node: i
             account=cfg.account,
             time=cfg.time,
             gpus_per_node=cfg.gpus_per_node or None,
+            gpu_type=cfg.gpu_type,
+            gpu_request=cfg.gpu_request,
             cpus_per_task=cfg.cpus_per_task,
-            mem=cfg.mem,
-            signal_seconds=cfg.signal_seconds,
+            exclusive=cfg.exclusive,
+            mem=mem,
+            signal_seconds=_signal_seconds(cfg),
             requeue=cfg.requeue,
-            container_image=cfg.container_image,
-            container_mounts=cfg.container_mounts,
+            max_requeues=cfg.max_requeues,
+            container_runtime=cfg.container.runtime,
+            container_image=cfg.container.image,
+            container_mounts=cfg.container.mounts,
+            container_env=cfg.container.env,
             env={**torchrun_env(cfg), **cfg.env},
             extra_sbatch_args=cfg.extra_sbatch_args,
             torchrun_flags=torchrun_flags(cfg, run_dir),
@@ -318,8 +520,7 @@ def _render(cfg: SlurmConfig, *, run_dir: str, plan_path: str, nproc_per_node: i
     except jobs.SlurmError as exc:  # "slurm <argument>...: why"
         text = str(exc).removeprefix("slurm ")
         arg = text.split("=")[0].split(":")[0].split()[0]
-        key = "trainer.run_dir" if arg in ("run_dir", "workdir") else f"infra.{arg}"
-        raise ConfigError(key, text) from None
+        raise ConfigError(_KEYS.get(arg, f"infra.{arg}"), text) from None
 
 
 SLURM = SlurmInfra()

@@ -30,7 +30,8 @@ pytestmark = [
     ),
 ]
 
-SLURM = ["infra=slurm", "infra.cpus_per_task=2", "infra.poll_seconds=0.5", "infra.time=10"]
+# The default resources: the node alone (--exclusive), all of its CPUs to the task, --mem=0.
+SLURM = ["infra=slurm", "infra.poll_seconds=0.5", "infra.time=10"]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,10 @@ def test_train_on_slurm_end_to_end(tmp_path: Path, env: dict) -> None:
     assert sorted(p["rank"] for p in summary["processes"]) == [0, 1]
     full_log = jobs.log_path(jid, run).read_text()
     assert f"olmx: job {jid} on 1 node(s) [localhost], rendezvous localhost:" in full_log
+    node_cpus = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%c"], capture_output=True, text=True).stdout
+    assert f", {int(node_cpus)} CPUs per node's task (restart 0)" in full_log
+    details = jobs.job_details(jid)
+    assert (details["NumCPUs"], details["MinMemoryNode"], details["OverSubscribe"]) == (node_cpus.strip(), "0", "NO")
     assert "srun exited with status 0" in log
 
     status = olmx_cli("jobs", "status", str(run), env=env)
@@ -158,29 +163,37 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes(tmp_path: Path
     passes it to the job step; the workers save step 3 and exit 75; the script reads that
     outcome from events.jsonl and requeues the job (``infra.requeue=true``), whose second run
     resumes from step 3 and finishes. Rank 0 holds in step 3 until the signal comes
-    (``OLMX_FAULTS=hold@3``, once per run directory, so the requeued run passes it)."""
+    (``OLMX_FAULTS=hold@3``, once per run directory, so the requeued run passes it).
+    ``olmx train`` follows the job all the way: through the requeue to COMPLETED, exit 0."""
     run = tmp_path / "run"
-    proc = olmx_cli(
-        "train",
-        *SLURM,
-        *SMALL,
-        "infra.requeue=true",
-        "infra.detach=true",
-        f"trainer.run_dir={run}",
-        "trainer.max_steps=6",
-        "trainer.save_interval=100",
-        env={**env, "OLMX_FAULTS": "hold@3"},
+    full_env = {**os.environ, "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1", "COLUMNS": "200", **env}
+    proc = subprocess.Popen(
+        [
+            *OLMX,
+            "train",
+            *SLURM,
+            *SMALL,
+            "infra.requeue=true",
+            f"trainer.run_dir={run}",
+            "trainer.max_steps=6",
+            "trainer.save_interval=100",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**full_env, "OLMX_FAULTS": "hold@3"},
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    jid = job_id(run)
+    jid = "?"
     try:
+        jid = wait_for(lambda: (run / "launch.json").exists() and job_id(run), "the submission")
         wait_for(
             lambda: (run / "metrics.jsonl").exists() and '"step": 2' in (run / "metrics.jsonl").read_text(), "step 2"
         )
         subprocess.run(["scancel", "--batch", "--signal=TERM", jid], check=True)
         wait_for(lambda: jobs.job_details(jid).get("Restarts") == "1", "the requeue", timeout=90)
 
-        def completed() -> bool:
+        def lifted() -> bool:
             # Slurm keeps a requeued job ineligible for 120 s (Reason=BeginTime) so that the node
             # can finish the job's first run; lift that as an administrator would, once that run's
             # processes are gone and a few seconds more (slurmd refuses a relaunch that comes
@@ -190,12 +203,20 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes(tmp_path: Path
                 if subprocess.run(["pgrep", "-f", str(run / "plan.yaml")], capture_output=True).returncode != 0:
                     time.sleep(5)
                     subprocess.run(["scontrol", "update", f"jobid={jid}", "starttime=now"], check=True)
-            return details["JobState"] == "COMPLETED"
+                    return True
+            return details["JobState"] != "PENDING"
 
-        wait_for(completed, "COMPLETED", timeout=180)
+        wait_for(lifted, "the second run", timeout=180)
+        out, err = proc.communicate(timeout=180)
     finally:
-        if jobs.job_state(jid) not in jobs.TERMINAL_STATES:
+        if proc.poll() is None:
+            proc.kill()
+        if jid != "?" and jobs.job_state(jid) not in jobs.TERMINAL_STATES:
             jobs.cancel(jid)
+    assert proc.returncode == 0, out + err
+    assert jobs.job_state(jid) == "COMPLETED"
+    # The follower said so when the job went back to the queue, and did not stop there.
+    assert f"Slurm job {jid} was requeued (restart 1); it resumes from its last checkpoint" in err
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert [
         (e["event"], e.get("launch"), e.get("reason"), e.get("step"), e.get("resumed_from"))
@@ -208,5 +229,5 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes(tmp_path: Path
         ("end", f"slurm-{jid}-1", "max_steps", 6, None),
     ]
     log = jobs.log_path(jid, run).read_text()
-    assert f"requeueing job {jid} to resume it" in log
+    assert f"requeueing job {jid} to resume it (requeue 1 of at most 3)" in log
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
