@@ -310,6 +310,28 @@ def report(
     out.print(f"report written to {where}", markup=False)
 
 
+@app.command()
+@guarded
+def generate(
+    run_dir: Path = typer.Argument(..., help="The run directory."),
+    prompt: str = typer.Option(..., "--prompt", help="The text to continue."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens to add (fewer at end of document)."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature; 0 is greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Sample from the smallest set of tokens reaching this mass."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
+    step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the newest)."),
+) -> None:
+    """Print a continuation of --prompt from a checkpoint of the run (one process, this
+    machine's device; nothing is written)."""
+    from olmx.generate import Sampling
+    from olmx.generate import generate as run_generate
+
+    sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    text, used = run_generate(run_dir, prompt, sampling, step=step)
+    err.print(f"checkpoint step {used}", markup=False)
+    out.print(prompt + text, markup=False)
+
+
 @jobs_app.command("status")
 @guarded
 def jobs_status(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:

@@ -1,0 +1,220 @@
+"""``olmx generate RUN_DIR --prompt TEXT``: a continuation from a checkpoint of any olmx model.
+
+The run's saved configuration is resolved again for one process on this machine (the default
+infra target with one process, no parallel plugins, the run's layers and precision), so the model is
+built exactly as training builds it (:func:`olmx.worker.model.build_model`, then OLMo-core's
+train module, which initialises and places it). The checkpoint (the newest that verifies
+against its olmx manifest, or ``--step N``) is loaded into it with OLMo-core's
+``load_model_and_optim_state`` (distributed checkpoints reshard: a run trained on many ranks,
+FSDP or sharded Engram tables included, loads into the one process). Then tokens are drawn
+one at a time: greedy at temperature 0 (deterministic), else softmax sampling at
+``temperature`` over the smallest set of tokens whose probability reaches ``top_p``, from a
+generator seeded with ``seed``. Each step runs the model over the whole window (at most
+``data.seq_len`` tokens, the last ones): no KV cache, which keeps every olmx layer (Engram's
+n-gram hashes, MoE routing) exactly as in training.
+
+Nothing is written: not to the run directory, not anywhere else. Byte-level runs
+(``data.tokenizer.name=bytes``) encode the prompt as UTF-8 bytes and decode the continuation
+the same way (an incomplete character is shown as U+FFFD).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from olmx.errors import ConfigError
+
+#: How the continuation is drawn.
+GREEDY = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How ``olmx generate`` draws tokens."""
+
+    #: Tokens to add after the prompt (fewer if the end-of-document id comes first).
+    max_new_tokens: int = 64
+    #: Softmax temperature; 0 is greedy (the most likely token, deterministic).
+    temperature: float = 1.0
+    #: Nucleus sampling: draw from the smallest set of tokens whose probability reaches this.
+    top_p: float = 1.0
+    #: Seed of the sampling generator.
+    seed: int = 0
+
+    def check(self) -> None:
+        """ConfigError naming the option for a value that cannot sample."""
+        if self.max_new_tokens < 1:
+            raise ConfigError("--max-new-tokens", f"must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError("--temperature", f"must be 0 (greedy) or more, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("--top-p", f"must be in (0, 1], got {self.top_p}")
+
+
+def local_plan(run_dir: str | Path, reg: Any) -> Any:
+    """The run's plan, resolved again for one process on this machine."""
+    from olmx.plan import Plan
+    from olmx.plan.resolve import resolve
+    from olmx.rundir import RunDir
+
+    rd = RunDir(run_dir)
+    saved = Plan.load(rd.path / "plan.yaml", reg)
+    run = saved.run
+    from olmx.config.compose import compose, to_object
+
+    # This machine, one process: the default infra target of conf/train.yaml.
+    here = to_object(compose(["infra.nproc_per_node=1"], reg), reg).infra
+    t = run.trainer
+    trainer = dataclasses.replace(
+        t, resume=False, run_dir=str(rd.path), micro_batch_size=1, global_batch_size=1, compile="false"
+    )
+    one = dataclasses.replace(run, infra=here, parallel={}, trainer=trainer)
+    return resolve(one, reg)
+
+
+def encode(plan: Any, prompt: str) -> list[int]:
+    """The prompt's token ids (byte-level runs: its UTF-8 bytes)."""
+    tok = plan.run.data.tokenizer
+    if tok.name != "bytes":
+        raise ConfigError(
+            "data.tokenizer",
+            f"the run was trained on {tok.name!r} token ids, and olmx generate reads and writes text only for "
+            "byte-level runs (data.tokenizer.name=bytes)",
+        )
+    ids = list(prompt.encode("utf-8"))
+    if not ids:
+        raise ConfigError("--prompt", "is empty")
+    return ids
+
+
+def decode(plan: Any, ids: list[int]) -> str:
+    """Text of byte-level ids (ids beyond the bytes, such as end-of-document, are dropped)."""
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def choose_checkpoint(run_dir: str | Path, step: int | None) -> Path:
+    """``checkpoints/stepN``: ``step``, or the newest complete one; it must verify against its
+    olmx manifest."""
+    from olmx.rundir import RunDir
+
+    rd = RunDir(run_dir)
+    if step is None:
+        step = rd.latest_checkpoint()
+        if step is None:
+            raise ConfigError("RUN_DIR", f"{rd.path} has no complete checkpoint (checkpoints/stepN) to generate from")
+    ckpt = rd.checkpoints / f"step{step}"
+    if not (ckpt / ".metadata.json").is_file():
+        have = sorted(int(p.name[4:]) for p in rd.checkpoints.glob("step*") if p.name[4:].isdigit())
+        raise ConfigError("--step", f"{ckpt} is not a complete checkpoint; complete ones: {have or 'none'}")
+    return ckpt
+
+
+def generate(run_dir: str | Path, prompt: str, sampling: Sampling, *, step: int | None = None) -> tuple[str, int]:
+    """``(continuation, checkpoint step)`` of ``prompt`` (see the module docstring)."""
+    sampling.check()
+    import logging
+
+    logging.getLogger("olmo_core").setLevel(logging.ERROR)  # import-time notes (no transformer_engine, ...)
+    from olmx.registry import registry
+
+    reg = registry()
+    plan = local_plan(run_dir, reg)
+    ids = encode(plan, prompt)
+    ckpt = choose_checkpoint(run_dir, step)
+    from olmx.worker.checkpoint import verify
+
+    problem = verify(ckpt)
+    if problem:
+        raise ConfigError("--step", f"{ckpt} does not verify against its manifest: {problem}")
+    with _one_process(plan):
+        model = _load(plan, reg, ckpt)
+        out = sample(model, ids, sampling, window=plan.batch.seq_len, eos_id=plan.run.data.tokenizer.eos_id, plan=plan)
+    return decode(plan, out), int(ckpt.name[4:])
+
+
+def sample(model: Any, ids: list[int], sampling: Sampling, *, window: int, eos_id: int | None, plan: Any) -> list[int]:
+    """New token ids after ``ids``, drawn from ``model`` as :class:`Sampling` says."""
+    import torch
+
+    device = next(model.parameters()).device
+    gen = torch.Generator(device="cpu").manual_seed(sampling.seed)
+    tokens = list(ids)
+    new: list[int] = []
+    dtype = getattr(torch, plan.dtypes.param)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    model.eval()
+    with torch.no_grad(), autocast:
+        for _ in range(sampling.max_new_tokens):
+            x = torch.tensor([tokens[-window:]], device=device)
+            logits = model(x)[0, -1].float().cpu()
+            logits = logits[: plan.run.data.tokenizer.vocab_size]  # padded ids never come out
+            if sampling.temperature == GREEDY:
+                nxt = int(torch.argmax(logits))
+            else:
+                probs = torch.softmax(logits / sampling.temperature, dim=-1)
+                if sampling.top_p < 1:
+                    sorted_p, order = torch.sort(probs, descending=True)
+                    keep = torch.cumsum(sorted_p, 0) - sorted_p < sampling.top_p  # the first always stays
+                    probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+                nxt = int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
+            if nxt == eos_id:
+                break
+            tokens.append(nxt)
+            new.append(nxt)
+    return new
+
+
+def _load(plan: Any, reg: Any, ckpt: Path) -> Any:
+    """The model of ``plan``, built and placed as training does, with the checkpoint's weights."""
+    from olmo_core.distributed.checkpoint import load_model_and_optim_state
+    from olmo_core.train.train_module import TransformerTrainModuleConfig
+
+    from olmx.worker.model import build_model
+    from olmx.worker.train import train_module_kwargs
+
+    model = build_model(plan, reg)
+    train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, reg)).build(model)
+    with tempfile.TemporaryDirectory(prefix="olmx-generate-") as work:
+        load_model_and_optim_state(str(ckpt / "model_and_optim"), train_module.model, work_dir=work)
+    return train_module.model
+
+
+class _one_process:
+    """torch.distributed with one process (gloo, or NCCL and gloo on a GPU) on a free local
+    port, for what expects a process group (OLMo-core's train module, sharded Engram tables)."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+        env |= {"LOCAL_WORLD_SIZE": "1", "OLMO_SHARED_FS": "1", "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1"}
+        self.saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        cuda = self.plan.world.device == "cuda"
+        if cuda:
+            torch.cuda.set_device(0)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", rank=0, world_size=1)
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
