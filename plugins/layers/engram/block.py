@@ -29,7 +29,9 @@ side still checks is how blocks were placed (a block index outside ``layer_ids``
 disagrees with the model), which only a config written by hand can get wrong.
 
 Optimizer: the tables match :data:`TABLE_PARAM_PATTERN` (``*.engram.table.weight``); put them
-in their own group (the paper: Adam, 5x learning rate, no weight decay).
+in their own group (the paper: Adam, 5x learning rate, no weight decay). Engram's parameters
+that are not matrices (convolution kernel, norm gains, projection biases) match
+:data:`NON_MATRIX_PARAM_PATTERNS`.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from .sharding import EngramTable, TableSharding
 
 __all__ = [
     "ENGRAM_HASH_IDS_KWARG",
+    "NON_MATRIX_PARAM_PATTERNS",
     "TABLE_PARAM_PATTERN",
     "EngramBlockConfig",
     "EngramConfig",
@@ -82,6 +85,16 @@ ENGRAM_HASH_IDS_KWARG = "engram_hash_ids"
 
 TABLE_PARAM_PATTERN = "*.engram.table.weight"
 """fnmatch pattern (as in OLMo-core's ``OptimGroupOverride``) of every Engram table parameter."""
+
+NON_MATRIX_PARAM_PATTERNS = [
+    "*.engram.conv_weight",
+    "*.engram.key_norm.weight",
+    "*.engram.query_norm.weight",
+    "*.engram.conv_norm.weight",
+    "*.engram.key_proj.bias",
+    "*.engram.value_proj.bias",
+]
+"""fnmatch patterns of Engram's parameters that are neither tables nor matrices."""
 
 _LAYER_SEED_STRIDE = 10007
 _Wrapping = TransformerDataParallelWrappingStrategy
@@ -115,10 +128,15 @@ class EngramConfig(Config):
     table initialisation)."""
     zero_init_conv: bool = _User.zero_init_conv
     """``layers.engram.zero_init_conv``: start the convolution at zero."""
-    norm_eps: float = 1e-5
-    """Epsilon of the Engram RMSNorms (not a user setting)."""
-    table_init_std: float = _User.table_init_std
-    """``layers.engram.table_init_std``: std of the table initialisation."""
+    gate_norm_eps: float | None = None
+    """Epsilon of the gate's key and query RMSNorms; None: the float32 epsilon, as the demo's
+    ``nn.RMSNorm()`` (not a user setting)."""
+    conv_norm_eps: float = 1e-5
+    """Epsilon of the convolution's RMSNorm, the demo's (not a user setting)."""
+    table_init_std: float = 0.02
+    """``layers.engram.table_init_std`` resolved against the model (null there: ``model.init_std``;
+    0.02 here, OLMo-core's default ``init_std``): std of the table initialisation, which also
+    scales the projection biases' initialisation."""
     sharding: TableSharding = TableSharding(_User.sharding)
     """``layers.engram.sharding``: ``replicated``, ``1d`` or ``2d``."""
     shard_degree: int | None = _User.shard_degree
@@ -164,7 +182,8 @@ class EngramConfig(Config):
             n_embed_per_ngram=self.n_embed_per_ngram,
             kernel_size=self.kernel_size,
             zero_init_conv=self.zero_init_conv,
-            norm_eps=self.norm_eps,
+            gate_norm_eps=self.gate_norm_eps,
+            conv_norm_eps=self.conv_norm_eps,
             table_init_std=self.table_init_std,
             table_init_seed=self.seed + _LAYER_SEED_STRIDE * layer_id,
             sharding=self.sharding,

@@ -25,6 +25,12 @@ Special tokens: the official code decodes them like any other token. Here a toke
 instead give ``None`` as the decoded text of a special id; such an id gets its own canonical
 id, keyed by its raw token string, and never merges with a text token.
 
+Which ids: the map is built over the tokenizer's real ids only (the official code walks
+``range(len(tokenizer))``), so ``V'``, the number of canonical ids, which bounds every hash
+multiplier, is the official one and so are the hash ids. The model's vocabulary padding (ids
+the tokenizer never produces) maps to the canonical id of the last real id, as the official
+``_compress`` clips them. Negative ids and ids beyond the padded vocabulary are refused.
+
 The tokenizer enters only as a sequence of ``(decoded_text | None, raw_token_string)`` pairs,
 one per raw id: see :func:`byte_level_tokens` (olmx's byte-level tokenizer),
 :func:`tokenizer_json_tokens` (a local Hugging Face ``tokenizer.json`` of a byte-level BPE
@@ -45,6 +51,8 @@ if TYPE_CHECKING:  # torch is imported when a map is built: the plan reads token
 __all__ = [
     "TokenizerCompression",
     "byte_level_tokens",
+    "canonical_ids",
+    "check_id_range",
     "hf_tokens",
     "normalize_token_text",
     "tokenizer_json_tokens",
@@ -75,37 +83,91 @@ def normalize_token_text(text: str) -> str:
     return s.strip(_UNICODE_WHITE_SPACE).replace(_SENTINEL, " ")
 
 
+def canonical_ids(tokens: Iterable[tuple[str | None, str]]) -> tuple[list[int], int]:
+    """The canonical id of every raw id of ``tokens`` (see the module docstring) and their
+    number ``V'``, without torch (the plan shows ``V'``)."""
+    key_to_id: dict[Any, int] = {}
+    lookup: list[int] = []
+    for text, raw in tokens:
+        key: Any
+        if text is None:
+            key = ("special", raw)
+        elif _REPLACEMENT_CHAR in text:
+            key = raw
+        else:
+            key = normalize_token_text(text) or text
+        lookup.append(key_to_id.setdefault(key, len(key_to_id)))
+    return lookup, len(key_to_id)
+
+
+#: Why a negative input id is refused (the hint of :func:`check_id_range`).
+NEGATIVE_ID_HINT = (
+    "; a negative id (such as the ignore index -100) belongs in the labels, never in the input ids "
+    "(the model's embedding refuses it too)"
+)
+
+
+def check_id_range(ids: torch.Tensor, high: int, what: str) -> None:
+    """Refuse ``ids`` outside ``[0, high)``.
+
+    CPU tensors: a ``ValueError`` that names some of the offending values. Other devices: an
+    asynchronous device-side assertion (``torch._assert_async``, no host synchronisation), which
+    stops the run at the next synchronisation, as an out-of-range embedding lookup would.
+    """
+    import torch
+
+    if ids.numel() == 0:
+        return
+    if ids.device.type != "cpu":
+        torch._assert_async(((ids >= 0) & (ids < high)).all(), f"{what} must be in [0, {high})")
+        return
+    low_seen, high_seen = (int(v) for v in torch.aminmax(ids))
+    if low_seen >= 0 and high_seen < high:
+        return
+    bad = ids[(ids < 0) | (ids >= high)].unique().tolist()
+    shown = ", ".join(str(v) for v in bad[:8]) + (", ..." if len(bad) > 8 else "")
+    raise ValueError(f"{what} must be in [0, {high}), got {shown}" + (NEGATIVE_ID_HINT if low_seen < 0 else ""))
+
+
 class TokenizerCompression:
     """The canonical-id map of one tokenizer.
 
-    :param tokens: For each raw id ``0..V-1`` (the position in the sequence), the pair
+    :param tokens: For each real raw id ``0..len(tokens)-1`` of the tokenizer (the position in
+        the sequence: what the official code walks, ``range(len(tokenizer))``), the pair
         ``(decoded_text, raw_token_string)``; ``decoded_text`` is ``None`` for special ids.
+    :param vocab_size: Raw ids accepted by :meth:`compress`: the model's (padded) vocabulary,
+        at least ``len(tokens)``; default ``len(tokens)``.
+
+    ``V'`` (:attr:`compressed_vocab_size`, which bounds the hash multipliers) counts the keys of
+    the real ids only, as in the official code. Padding ids ``len(tokens)..vocab_size-1``, which
+    the tokenizer never produces, take the canonical id of the last real id: the official
+    ``_compress`` clips every id above the tokenizer's to the last one. Ids outside
+    ``[0, vocab_size)`` are refused (:func:`check_id_range`): the official code would let a
+    negative id through to the hash, but the model's embedding cannot look it up either.
     """
 
-    def __init__(self, tokens: Iterable[tuple[str | None, str]]):
-        key_to_id: dict[Any, int] = {}
-        lookup: list[int] = []
-        for text, raw in tokens:
-            key: Any
-            if text is None:
-                key = ("special", raw)
-            elif _REPLACEMENT_CHAR in text:
-                key = raw
-            else:
-                key = normalize_token_text(text) or text
-            lookup.append(key_to_id.setdefault(key, len(key_to_id)))
+    def __init__(self, tokens: Iterable[tuple[str | None, str]], *, vocab_size: int | None = None):
+        lookup, compressed = canonical_ids(tokens)
         if not lookup:
             raise ValueError("the tokenizer has no tokens")
+        real = len(lookup)
+        if vocab_size is None:
+            vocab_size = real
+        if vocab_size < real:
+            raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer's {real} ids")
         import torch
 
+        lookup += [lookup[-1]] * (vocab_size - real)
         self._lookup = torch.tensor(lookup, dtype=torch.long)
         self._device_lookup: dict[torch.device, torch.Tensor] = {}
-        self.compressed_vocab_size = len(key_to_id)
-        """Number of canonical ids, ``V'``."""
+        self.num_tokenizer_ids = real
+        """Real ids of the tokenizer (``len(tokens)``); the rest of :attr:`vocab_size` is padding."""
+        self.compressed_vocab_size = compressed
+        """Number of canonical ids, ``V'``: distinct keys over the tokenizer's real ids."""
 
     @property
     def vocab_size(self) -> int:
-        """Number of raw ids, ``V``."""
+        """Number of raw ids accepted, ``V`` (padding included)."""
         return self._lookup.numel()
 
     @property
@@ -115,10 +177,14 @@ class TokenizerCompression:
 
     def canonical(self, raw_id: int) -> int:
         """Canonical id of one raw id (use it for the pad id given to the hasher)."""
+        if not 0 <= raw_id < self.vocab_size:
+            raise ValueError(f"raw id {raw_id} is outside [0, {self.vocab_size})")
         return int(self._lookup[raw_id])
 
     def compress(self, raw_ids: torch.Tensor) -> torch.Tensor:
-        """Map a tensor of raw ids in ``[0, V)`` to canonical ids, on the tensor's device."""
+        """Map a tensor of raw ids in ``[0, V)`` to canonical ids in ``[0, V')``, on the
+        tensor's device; other ids are refused (:func:`check_id_range`)."""
+        check_id_range(raw_ids, self.vocab_size, "Engram input ids")
         device = raw_ids.device
         if device not in self._device_lookup:
             self._device_lookup[device] = self._lookup.to(device)
@@ -127,15 +193,16 @@ class TokenizerCompression:
 
 def byte_level_tokens(
     *,
-    vocab_size: int = 384,
+    vocab_size: int = 258,
     special_tokens: Mapping[int, str] | None = None,
 ) -> list[tuple[str | None, str]]:
-    """Token table of a byte-level tokenizer: ids 0..255 are the bytes, the rest special.
+    """Token table of olmx's byte-level tokenizer: ids 0..255 are the bytes, the rest of its
+    ``vocab_size`` ids (``data.tokenizer.vocab_size``, not the padded model vocabulary) special.
 
     A byte decodes to its one-character text when it is ASCII and to U+FFFD otherwise (a lone
     byte >= 0x80 is not valid UTF-8), so high bytes keep their own ids, keyed ``<0xHH>``.
     Ids >= 256 are special: named by ``special_tokens`` (default: olmx's 256 = eos,
-    257 = pad), the rest (vocabulary padding) ``<|unused_i|>``.
+    257 = pad), the rest ``<|unused_i|>``.
     """
     if vocab_size < 256:
         raise ValueError(f"vocab_size={vocab_size} must be >= 256 for a byte-level tokenizer")
@@ -165,12 +232,15 @@ def _byte_level_alphabet() -> dict[str, int]:
     return chars
 
 
-def tokenizer_json_tokens(path: str, vocab_size: int) -> list[tuple[str | None, str]]:
+def tokenizer_json_tokens(path: str) -> list[tuple[str | None, str]]:
     """Token table of the byte-level BPE tokenizer saved in the Hugging Face ``tokenizer.json``
-    at ``path``, for raw ids ``0..vocab_size-1``: each token decoded as ``tokenizers`` decodes
-    one id (its characters mapped back to bytes, then UTF-8 with U+FFFD for a partial
-    sequence); added tokens decode to their content; ids the file does not define (vocabulary
-    padding) are special. ``ValueError`` for a file of another kind."""
+    at ``path``: one entry per id up to the largest the file defines (its vocabulary and added
+    tokens; ``len(tokenizer)``, what the official code walks, for the contiguous ids of every
+    real tokenizer), each decoded as ``tokenizers`` decodes one id (its characters mapped back
+    to bytes, then UTF-8 with U+FFFD for a partial sequence); added tokens decode to their
+    content; an id the file leaves out decodes to ``""``, as ``tokenizers`` skips it. The
+    model's vocabulary padding is not in the table (see :class:`TokenizerCompression`).
+    ``ValueError`` for a file of another kind."""
     import json
 
     with open(path, encoding="utf-8") as f:
@@ -189,7 +259,7 @@ def tokenizer_json_tokens(path: str, vocab_size: int) -> list[tuple[str | None, 
         table[i] = (raw.decode("utf-8", errors="replace"), token)
     for added in data.get("added_tokens", []):
         table[added["id"]] = (added["content"], added["content"])
-    return [table.get(i, (None, f"<|unused_{i}|>")) for i in range(vocab_size)]
+    return [table.get(i, ("", "")) for i in range(max(table, default=-1) + 1)]
 
 
 def hf_tokens(tokenizer: Any) -> list[tuple[str | None, str]]:

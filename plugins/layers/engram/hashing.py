@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .compression import check_id_range
 from .primes import is_prime, ngram_table_sizes
 
 __all__ = ["NgramHasher", "is_prime", "ngram_table_sizes"]
@@ -52,7 +53,8 @@ class NgramHasher:
     :param pad_id: The canonical id read at positions before the sequence start.
     :param seed: Base seed of the multipliers.
     :param compressed_vocab_size: ``V'``, the number of canonical ids; every id passed to
-        :meth:`hash` must be in ``[0, V')``.
+        :meth:`hash` must be in ``[0, V')`` (others are refused, see
+        :func:`~olmx_plugins.layers.engram.compression.check_id_range`).
     """
 
     def __init__(
@@ -126,6 +128,9 @@ class NgramHasher:
     def _shifts(self, canonical_ids: torch.Tensor) -> list[torch.Tensor]:
         if canonical_ids.dim() != 2:
             raise ValueError(f"canonical_ids must be [B, T], got shape {tuple(canonical_ids.shape)}")
+        # Beyond V' a product can overflow int64 (the multipliers' bound); negative ids are not
+        # canonical ids. The official code never passes either (it clips to the tokenizer).
+        check_id_range(canonical_ids, self.compressed_vocab_size, "Engram canonical ids")
         x = canonical_ids.long()
         shifts = [x]
         for k in range(1, self.max_ngram_size):

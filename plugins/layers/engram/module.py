@@ -16,6 +16,20 @@ deepseek-ai/Engram ``engram_demo_v1.py``, for a single residual branch, M = 1):
 The block adds ``Y`` to the residual stream before attention. An output at position ``t``
 depends on tokens ``t - (kernel_size - 1) * N - (N - 1) .. t`` only: a receptive field of
 ``(kernel_size - 1) * N + N`` tokens (12 with the defaults).
+
+Scale at initialisation. The demo's residual stream and its tables are both N(0, 1); with
+``nn.Linear``'s default projections (weight variance ``1 / (3 d_mem)``, so ``W_V e`` has RMS
+``1/sqrt(3)``) and a gate of RMS ~0.54 (the score is ~N(0, 1)), ``Y`` has RMS ~0.31 of the
+residual it is added to (measured 0.314 with the demo's math and a zero convolution; 0.45
+with the demo's default convolution init). ``table_init_std`` scales the tables and the
+projection biases together, which scales ``W e + b`` and so ``Y`` (the gate's RMSNorms do
+not see the scale): with the tables at the host embeddings' std (olmx's default), ``Y`` is
+again ~0.31 of OLMo-core's token embeddings (std 0.02; measured 0.316 at block 0 of the tiny
+model, 0.22 at block 1, whose residual block 0 has grown), not ~15x them.
+
+The gate's RMSNorms use the float32 epsilon (~1.2e-7), as the demo's ``nn.RMSNorm()`` does:
+a fixed 1e-5 would weigh on OLMo-core's small hidden states (mean square ~4e-4 at init, and
+less for keys of small tables), the convolution's keeps the demo's 1e-5.
 """
 
 from __future__ import annotations
@@ -33,6 +47,21 @@ from .sharding import EngramTable, TableSharding
 __all__ = ["Engram"]
 
 
+class _Projection(nn.Linear):
+    """``nn.Linear`` whose bias starts at the default initialisation times ``bias_scale`` (in
+    ``reset_parameters``, which OLMo-core calls on every module after its parent's)."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias_scale: float, device: Any = None):
+        self.bias_scale = float(bias_scale)  # read by reset_parameters, which __init__ calls
+        super().__init__(in_features, out_features, device=device)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.bias is not None and self.bias_scale != 1.0 and self.bias.device.type != "meta":
+            with torch.no_grad():
+                self.bias.mul_(self.bias_scale)
+
+
 class Engram(nn.Module):
     """Engram conditional memory for one layer (hidden states ``[B, T, d_model]``).
 
@@ -45,8 +74,15 @@ class Engram(nn.Module):
         ``n_embed_per_ngram // K`` entries.
     :param kernel_size: Convolution kernel.
     :param zero_init_conv: Start the convolution at zero (the paper).
-    :param norm_eps: Epsilon of the three RMSNorms.
-    :param table_init_std: Standard deviation of the table initialisation.
+    :param gate_norm_eps: Epsilon of the gate's key and query RMSNorms; None (the official
+        demo's ``nn.RMSNorm()``): the float32 machine epsilon, ~1.19e-7 (torch's rule for
+        ``eps=None``: the epsilon of the dtype it computes in, float32 for float32, bfloat16 and
+        float16 inputs alike).
+    :param conv_norm_eps: Epsilon of the convolution's RMSNorm (the demo's ``ShortConv``: 1e-5).
+    :param table_init_std: Standard deviation of the table initialisation (the demo: 1.0). The
+        key and value projections' biases start at ``nn.Linear``'s default times this value, so
+        that at initialisation the keys and values, hence ``Y`` (with a zero convolution), are
+        the demo's times ``table_init_std``.
     :param table_init_seed: Seed of the table initialisation.
     :param sharding: ``replicated``, ``1d`` or ``2d`` (see :class:`~.sharding.EngramTable`).
     :param shard_degree: Ranks per shard group for ``2d``.
@@ -67,7 +103,8 @@ class Engram(nn.Module):
         n_embed_per_ngram: int,
         kernel_size: int = 4,
         zero_init_conv: bool = True,
-        norm_eps: float = 1e-5,
+        gate_norm_eps: float | None = None,
+        conv_norm_eps: float = 1e-5,
         table_init_std: float = 1.0,
         table_init_seed: int = 0,
         sharding: TableSharding | str = TableSharding.replicated,
@@ -102,11 +139,11 @@ class Engram(nn.Module):
             init_seed=table_init_seed,
             init_device=init_device,
         )
-        self.key_proj = nn.Linear(self.d_mem, d_model, device=init_device)
-        self.value_proj = nn.Linear(self.d_mem, d_model, device=init_device)
-        self.key_norm = nn.RMSNorm(d_model, eps=norm_eps, device=init_device)
-        self.query_norm = nn.RMSNorm(d_model, eps=norm_eps, device=init_device)
-        self.conv_norm = nn.RMSNorm(d_model, eps=norm_eps, device=init_device)
+        self.key_proj = _Projection(self.d_mem, d_model, bias_scale=table_init_std, device=init_device)
+        self.value_proj = _Projection(self.d_mem, d_model, bias_scale=table_init_std, device=init_device)
+        self.key_norm = nn.RMSNorm(d_model, eps=gate_norm_eps, device=init_device)
+        self.query_norm = nn.RMSNorm(d_model, eps=gate_norm_eps, device=init_device)
+        self.conv_norm = nn.RMSNorm(d_model, eps=conv_norm_eps, device=init_device)
         # A bare parameter (not an nn.Conv1d child): OLMo-core calls reset_parameters() on
         # every module parent-first, so a child Conv1d would overwrite the zero init.
         self.conv_weight = nn.Parameter(torch.empty(d_model, 1, kernel_size, device=init_device))

@@ -11,15 +11,39 @@ One config: :class:`~.config.EngramLayerConfig` (``layers.engram``), validated h
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 from olmx.api import Context, Contribution, LayerPlugin
 from olmx.errors import ConfigError
-from olmx_plugins.layers.engram.config import SHARDINGS, EngramLayerConfig, layer_ids, vocab_sizes
+from olmx_plugins.layers.engram.config import (
+    SHARDINGS,
+    EngramLayerConfig,
+    layer_ids,
+    table_init_std,
+    vocab_sizes,
+)
 
 #: Why Engram's projections stay in high precision under low-precision plugins (plan rows).
 PROJECTION_KEEP = "Engram projections of the hashed table lookups (sparse, outlier-prone rows)"
+
+
+def compression_tokens(cfg: EngramLayerConfig, tok: Any) -> list[tuple[str | None, str]]:
+    """The token table that the canonical-id map is built from: one entry per real id of the
+    run's tokenizer (``data.tokenizer``), never the model's vocabulary padding; with
+    ``compression=false`` every real id is its own key. Torch-free (the plan counts ``V'``);
+    ``OSError``/``ValueError``/``KeyError`` for an unreadable ``tokenizer.json``."""
+    from olmx_plugins.layers.engram.compression import byte_level_tokens, tokenizer_json_tokens
+
+    if not cfg.compression:
+        return [(None, f"<|id_{i}|>") for i in range(tok.vocab_size)]
+    if tok.name == "bytes":
+        named = {tok.eos_id: "<|endoftext|>", tok.pad_id: "<|pad|>"}
+        if tok.bos_id is not None:
+            named[tok.bos_id] = "<|bos|>"
+        return byte_level_tokens(vocab_size=tok.vocab_size, special_tokens=named)
+    return tokenizer_json_tokens(os.path.expanduser(tok.path))
 
 
 class EngramLayer(LayerPlugin):
@@ -66,6 +90,15 @@ class EngramLayer(LayerPlugin):
             raise ConfigError("layers.engram.vocab_size_per_ngram", f"{sizes_cfg}: every entry must be at least 2")
         if cfg.kernel_size < 1:
             raise ConfigError("layers.engram.kernel_size", f"must be at least 1, got {cfg.kernel_size}")
+        for key in ("table_lr_multiplier", "table_weight_decay", "non_matrix_weight_decay", "table_init_std"):
+            value = getattr(cfg, key)
+            if value is None and key in ("non_matrix_weight_decay", "table_init_std"):
+                continue
+            positive = key in ("table_lr_multiplier", "table_init_std")
+            if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+                raise ConfigError(
+                    f"layers.engram.{key}", f"must be a finite number {'> 0' if positive else '>= 0'}, got {value}"
+                )
         if cfg.sharding not in SHARDINGS:
             raise ConfigError("layers.engram.sharding", f"'{cfg.sharding}' is not one of {', '.join(SHARDINGS)}")
         if cfg.sharding == "2d" and (not cfg.shard_degree or cfg.shard_degree < 1 or world.size % cfg.shard_degree):
@@ -74,22 +107,28 @@ class EngramLayer(LayerPlugin):
                 f"sharding=2d needs a shard_degree dividing the world size {world.size}, got {cfg.shard_degree}",
             )
         tok = run.data.tokenizer
-        if cfg.compression and tok.name != "bytes":
-            if not tok.path:
-                raise ConfigError(
-                    "layers.engram.compression",
-                    f"compression needs the vocabulary of tokenizer "
-                    f"'{tok.name}': set data.tokenizer.path to its local tokenizer.json (olmx "
-                    "downloads nothing), or layers.engram.compression=false to hash raw ids",
-                )
-            from olmx_plugins.layers.engram.compression import tokenizer_json_tokens
+        if cfg.compression and tok.name != "bytes" and not tok.path:
+            raise ConfigError(
+                "layers.engram.compression",
+                f"compression needs the vocabulary of tokenizer "
+                f"'{tok.name}': set data.tokenizer.path to its local tokenizer.json (olmx "
+                "downloads nothing), or layers.engram.compression=false to hash raw ids",
+            )
+        from olmx_plugins.layers.engram.compression import canonical_ids
 
-            try:
-                tokenizer_json_tokens(os.path.expanduser(tok.path), tok.vocab_size)
-            except (OSError, ValueError, KeyError) as exc:
-                raise ConfigError(
-                    "data.tokenizer.path", f"cannot read the tokenizer for Engram's compression: {exc}"
-                ) from None
+        try:
+            token_table = compression_tokens(cfg, tok)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(
+                "data.tokenizer.path", f"cannot read the tokenizer for Engram's compression: {exc}"
+            ) from None
+        if len(token_table) > tok.vocab_size:
+            raise ConfigError(
+                "data.tokenizer.path",
+                f"{tok.path} defines {len(token_table):,} token ids, more than data.tokenizer.vocab_size="
+                f"{tok.vocab_size:,}: a different tokenizer, or set vocab_size to {len(token_table):,}",
+            )
+        _, compressed = canonical_ids(token_table)
         if ctx.mesh.shards_sequence:
             # Each rank's convolution reads the previous sequence shard's last positions.
             halo, shard = (cfg.kernel_size - 1) * cfg.max_ngram_size, run.data.seq_len // ctx.mesh.cp
@@ -134,7 +173,7 @@ class EngramLayer(LayerPlugin):
                     "MiB per step, forward + backward)"
                 ),
             ),
-            ("optimizer", f"tables in their own group: lr x {cfg.table_lr_multiplier}, no weight decay"),
+            ("optimizer", self._optimizer_row(cfg, run.trainer)),
             (
                 "tokenizer compression",
                 "off: raw ids are hashed"
@@ -143,12 +182,25 @@ class EngramLayer(LayerPlugin):
                 if tok.name == "bytes"
                 else f"{tok.name} vocabulary from {tok.path}",
             ),
+            (
+                "canonical ids V'",
+                f"{compressed:,} of the tokenizer's {len(token_table):,} ids (model vocabulary {vocab:,})",
+            ),
+            ("table init std", f"{table_init_std(cfg, m.init_std):g}"),
         ]
         n = len(ids)
         return Contribution(
             rows=rows,
             params=table_params + n * dense,
             active_params=n * (dense + heads * dim),
+        )
+
+    @staticmethod
+    def _optimizer_row(cfg: EngramLayerConfig, trainer: Any) -> str:
+        wd = trainer.weight_decay if cfg.non_matrix_weight_decay is None else cfg.non_matrix_weight_decay
+        return (
+            f"tables: lr x {cfg.table_lr_multiplier:g}, weight decay {cfg.table_weight_decay:g}; conv, norm "
+            f"gains, biases: weight decay {wd:g}; projections: the backbone's"
         )
 
     def engram_config(self, cfg: EngramLayerConfig, plan: Any) -> Any:
@@ -167,7 +219,7 @@ class EngramLayer(LayerPlugin):
             kernel_size=cfg.kernel_size,
             seed=cfg.seed,
             zero_init_conv=cfg.zero_init_conv,
-            table_init_std=cfg.table_init_std,
+            table_init_std=table_init_std(cfg, plan.run.model.init_std),
             sharding=TableSharding(cfg.sharding),
             shard_degree=cfg.shard_degree,
         )
@@ -214,41 +266,42 @@ class EngramLayer(LayerPlugin):
     def apply_model(self, cfg: EngramLayerConfig, model: Any, plan: Any) -> None:
         """Hash once per batch for all Engram blocks (before any parallel wrapper)."""
         from olmx_plugins.layers.engram.block import apply_engram_inputs
-        from olmx_plugins.layers.engram.compression import (
-            TokenizerCompression,
-            byte_level_tokens,
-            tokenizer_json_tokens,
-        )
+        from olmx_plugins.layers.engram.compression import TokenizerCompression
 
         tok = plan.run.data.tokenizer
-        if cfg.compression and tok.name != "bytes":
-            tokens = tokenizer_json_tokens(os.path.expanduser(tok.path), plan.vocab_size)
-        elif cfg.compression:
-            tokens = byte_level_tokens(
-                vocab_size=plan.vocab_size, special_tokens={tok.eos_id: "<|endoftext|>", tok.pad_id: "<|pad|>"}
-            )
-        else:  # identity map: every raw id is its own canonical id
-            tokens = [(None, f"<|id_{i}|>") for i in range(plan.vocab_size)]
-        comp = TokenizerCompression(tokens)
+        comp = TokenizerCompression(compression_tokens(cfg, tok), vocab_size=plan.vocab_size)
         hasher = self.engram_config(cfg, plan).build_hasher(
             pad_id=comp.canonical(tok.pad_id), compressed_vocab_size=comp.compressed_vocab_size
         )
         apply_engram_inputs(model, compression=comp, hasher=hasher)
 
     def apply_train_module(self, cfg: EngramLayerConfig, train_module: dict[str, Any], plan: Any) -> None:
-        """Tables in their own optimizer group (the core's clipping takes the global norm
-        across meshes, sharded tables included)."""
+        """Optimizer groups. The paper (§4.1, as transcribed) trains the tables with Adam at 5x
+        the learning rate and no weight decay, and the backbone with Muon; it says nothing of
+        Engram's other parameters. So: the tables in their own group (``table_lr_multiplier``,
+        ``table_weight_decay``); the key/value matrices with the backbone's (they are backbone
+        matrices, Muon's there); the convolution kernel, norm gains and biases with the
+        backbone's learning rate and ``non_matrix_weight_decay`` (null: the backbone's, as its own
+        norm gains). The core's clipping takes the global norm across meshes, sharded tables
+        included."""
         from olmo_core.optim import OptimGroupOverride
 
-        from olmx_plugins.layers.engram.block import TABLE_PARAM_PATTERN
+        from olmx_plugins.layers.engram.block import NON_MATRIX_PARAM_PATTERNS, TABLE_PARAM_PATTERN
 
         optim = train_module["optim"]
-        optim.group_overrides = [
-            *(optim.group_overrides or []),
+        overrides = [
             OptimGroupOverride(
-                params=[TABLE_PARAM_PATTERN], opts={"lr": optim.lr * cfg.table_lr_multiplier, "weight_decay": 0.0}
-            ),
+                params=[TABLE_PARAM_PATTERN],
+                opts={"lr": optim.lr * cfg.table_lr_multiplier, "weight_decay": cfg.table_weight_decay},
+            )
         ]
+        if cfg.non_matrix_weight_decay is not None:
+            overrides.append(
+                OptimGroupOverride(
+                    params=list(NON_MATRIX_PARAM_PATTERNS), opts={"weight_decay": cfg.non_matrix_weight_decay}
+                )
+            )
+        optim.group_overrides = [*(optim.group_overrides or []), *overrides]
 
 
 ENGRAM = EngramLayer()

@@ -44,7 +44,7 @@ def tiny_config(engram: EngramConfig, block_name=TransformerBlockType.default) -
 
 
 def build_model(engram: EngramConfig, init_device="meta", **kwargs):
-    comp = TokenizerCompression(byte_level_tokens())
+    comp = TokenizerCompression(byte_level_tokens(), vocab_size=384)
     model = tiny_config(engram, **kwargs).build(init_device=init_device)
     model.init_weights(device=torch.device("cpu"))
     hasher = engram.build_hasher(pad_id=comp.canonical(257), compressed_vocab_size=comp.compressed_vocab_size)
@@ -115,7 +115,7 @@ def test_config_round_trip_and_validation():
 def test_apply_engram_inputs_checks_layers():
     engram = EngramConfig(**ENGRAM)
     model = tiny_config(engram).build(init_device="meta")
-    comp = TokenizerCompression(byte_level_tokens())
+    comp = TokenizerCompression(byte_level_tokens(), vocab_size=384)
     other = EngramConfig(**{**ENGRAM, "layer_ids": [0, 1]})
     hasher = other.build_hasher(pad_id=0, compressed_vocab_size=comp.compressed_vocab_size)
     with pytest.raises(OLMoConfigurationError):

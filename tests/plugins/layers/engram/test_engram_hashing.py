@@ -10,10 +10,12 @@ from olmx_plugins.layers.engram.hashing import NgramHasher, is_prime, ngram_tabl
 TEXT = "Only Alexander the Great could tame the horse Bucephalus."
 
 # Golden values. Produced by re-running the official deepseek-ai/Engram engram_demo_v1.py
-# NgramHashMapping (commit 11a020e5, reimplemented line by line in a scratch directory outside
-# this repository, numpy 2.4.6 + sympy 1.14.0), with its CompressedTokenizer replaced by the
-# lookup table of TokenizerCompression(byte_level_tokens()) (V' = 355, raw pad 257 -> 228),
-# on the UTF-8 bytes of TEXT. "demo": the demo's EngramConfig (vocab [129280*5]*2, N=3, K=8,
+# NgramHashMapping (commit 1aac57aa, transcribed line by line in a scratch directory outside
+# this repository, numpy 2.4.6 + sympy 1.14.0), with its CompressedTokenizer's lookup table
+# replaced by that of TokenizerCompression(byte_level_tokens()) over olmx's 258 real
+# byte-level ids (V' = 229 = its num_new_token, raw pad 257 -> 228), on the UTF-8 bytes of
+# TEXT (the transcription reproduced the earlier values, made with V' = 355 over the padded 384
+# ids, before giving these). "demo": the demo's EngramConfig (vocab [129280*5]*2, N=3, K=8,
 # layers [1, 15], seed 0). "n4": vocab [1000, 2000, 3000], N=4, K=2, layers [0, 3], seed 7.
 GOLDEN = {
     "demo": dict(
@@ -40,43 +42,43 @@ GOLDEN = {
                     646609,
                     646619,
                 ],
-                mult=[21390500454689107, 1350966202362319, 10037509435123841],
-                total=291902428,
+                mult=[33159946119714555, 2094292584448137, 15560331220388487],
+                total=298963725,
                 t0=[
-                    88240,
-                    375198,
-                    560768,
-                    141443,
-                    274344,
-                    602395,
-                    267103,
-                    539884,
-                    449228,
-                    1190,
-                    458843,
-                    330121,
-                    264984,
-                    428943,
-                    193791,
-                    297416,
+                    187909,
+                    508704,
+                    383309,
+                    175651,
+                    138135,
+                    355882,
+                    578509,
+                    23895,
+                    352816,
+                    511332,
+                    481937,
+                    586630,
+                    277006,
+                    229094,
+                    510893,
+                    576351,
                 ],
                 t_last=[
-                    259846,
-                    433822,
-                    372232,
-                    320946,
-                    506429,
-                    430908,
-                    193321,
-                    281274,
-                    465794,
-                    449322,
-                    290987,
-                    39109,
-                    131576,
-                    49686,
-                    85547,
-                    172158,
+                    283886,
+                    530668,
+                    83854,
+                    322477,
+                    557447,
+                    24980,
+                    86333,
+                    192674,
+                    42434,
+                    366455,
+                    411124,
+                    51607,
+                    381132,
+                    515904,
+                    349621,
+                    455900,
                 ],
             ),
             15: dict(
@@ -98,43 +100,43 @@ GOLDEN = {
                     646873,
                     646879,
                 ],
-                mult=[8072257374559897, 15637100028836287, 15053341297512963],
-                total=299945172,
+                mult=[12513761432178007, 24240919258676339, 23335965766886909],
+                total=292653332,
                 t0=[
-                    149383,
-                    361183,
-                    214132,
-                    330366,
-                    62389,
-                    508586,
-                    253560,
-                    160139,
-                    132142,
-                    429732,
-                    21903,
-                    392562,
-                    364290,
-                    436040,
-                    437425,
-                    440981,
+                    313837,
+                    173146,
+                    624483,
+                    104008,
+                    114996,
+                    282255,
+                    423829,
+                    596981,
+                    88623,
+                    551127,
+                    398064,
+                    506777,
+                    572862,
+                    231290,
+                    163067,
+                    559783,
                 ],
                 t_last=[
-                    190810,
-                    246615,
-                    13118,
-                    434256,
-                    177427,
-                    243286,
-                    547891,
-                    51589,
-                    282484,
-                    642410,
-                    59242,
-                    591699,
-                    197959,
-                    572932,
-                    450799,
-                    287540,
+                    500664,
+                    253389,
+                    197470,
+                    551774,
+                    63812,
+                    591021,
+                    551748,
+                    134829,
+                    67055,
+                    186422,
+                    266952,
+                    641121,
+                    634694,
+                    391331,
+                    629796,
+                    229076,
                 ],
             ),
         },
@@ -146,17 +148,17 @@ GOLDEN = {
         layers={
             0: dict(
                 primes=[1009, 1013, 2003, 2011, 3001, 3011],
-                mult=[16240811400130067, 23310807557585829, 20153345647312431, 5851182249740469],
-                total=344693,
-                t0=[663, 697, 810, 179, 447, 1123],
-                t_last=[561, 39, 1206, 459, 2255, 2533],
+                mult=[25176803698891589, 36136841410231307, 31242086047143727, 9070610037807277],
+                total=320844,
+                t0=[179, 920, 670, 418, 2597, 1969],
+                t_last=[566, 316, 1788, 624, 1964, 1342],
             ),
             3: dict(
                 primes=[1019, 1021, 2017, 2027, 3019, 3023],
-                mult=[12310804685783651, 23564894412298395, 689949763577253, 22634529575944333],
-                total=337525,
-                t0=[620, 431, 605, 447, 841, 2416],
-                t_last=[667, 1013, 1748, 721, 1949, 2923],
+                mult=[19084435211586009, 36530731512514981, 1069572777597927, 35088462879739033],
+                total=334843,
+                t0=[928, 784, 988, 1539, 2591, 2073],
+                t_last=[100, 553, 1660, 1530, 1738, 2007],
             ),
         },
     ),
@@ -179,8 +181,8 @@ def _hasher(**overrides) -> NgramHasher:
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_matches_official_golden_values(name):
-    comp = TokenizerCompression(byte_level_tokens())
-    assert comp.compressed_vocab_size == 355 and comp.canonical(257) == 228
+    comp = TokenizerCompression(byte_level_tokens(), vocab_size=384)
+    assert comp.compressed_vocab_size == 229 and comp.canonical(257) == 228
     spec = GOLDEN[name]
     hasher = NgramHasher(**spec["args"], pad_id=comp.canonical(257), compressed_vocab_size=comp.compressed_vocab_size)
     ids = comp.compress(torch.tensor([list(TEXT.encode())]))
@@ -291,3 +293,16 @@ def test_rejects_bad_arguments():
         _hasher(layer_ids=[1, 1])
     with pytest.raises(KeyError):
         _hasher().hash(torch.zeros(1, 3, dtype=torch.long), 2)
+
+
+@pytest.mark.parametrize("bad", [-1, -100, 300, 2**40])
+def test_canonical_ids_outside_v_prime_are_refused(bad):
+    """V' bounds the multipliers so that no product overflows int64: an id at or above V' (or
+    negative, which no canonical id is) is refused rather than hashed into wrapped values."""
+    hasher = _hasher()  # V' = 300
+    ids = torch.tensor([[1, bad, 2]])
+    with pytest.raises(ValueError, match=rf"Engram canonical ids must be in \[0, 300\), got {bad}"):
+        hasher.hash(ids, 1)
+    with pytest.raises(ValueError, match="canonical ids"):
+        hasher.hash_all(ids)
+    assert hasher.hash(torch.tensor([[0, 299]]), 1).shape == (1, 2, 8)

@@ -69,7 +69,8 @@ def test_signed_sqrt_gate_formula():
     ids, hidden = _inputs(batch=1, seq=5)
     e = torch.randn(1, 5, engram.d_mem)
     k = engram.key_proj(e)
-    rms = lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)  # noqa: E731
+    eps = torch.finfo(torch.float32).eps  # the demo's nn.RMSNorm() (eps=None)
+    rms = lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # noqa: E731
     score = (rms(k) * rms(hidden)).sum(-1) / D_MODEL**0.5
     expected = torch.sigmoid(score.sign() * score.abs().sqrt())
     torch.testing.assert_close(engram.gate(hidden, e).squeeze(-1), expected)

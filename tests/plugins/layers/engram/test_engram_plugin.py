@@ -47,7 +47,7 @@ def test_plan_shows_tables_and_traffic(tmp_path, monkeypatch):
         vocab_size_per_ngram=[1920, 1920],
         pad_id=0,
         seed=0,
-        compressed_vocab_size=355,
+        compressed_vocab_size=229,
     ).table_sizes(1)
     assert f"block 1: 16 heads, {sum(sizes):,} rows x 8, {sum(sizes) * 8:,} params" in out
     assert "lookups per step" in out and f"{8 * 64 * 16:,} rows" in out
@@ -193,8 +193,14 @@ def test_sharded_checkpoint_resumes_exactly_and_onto_one_process(tmp_path, shard
     assert resumed == pytest.approx(whole_losses[3:], rel=2e-5)
     # Adam's moments of near-zero gradients carry the reduction-order noise of 1 vs 2 processes
     # (and of 2 vs 1 threads per process): up to 1.6e-6 absolute seen, before and after the
-    # plugin-contract change, where the values are ~1e-4.
-    assert_states_equal(checkpoint(one / "checkpoints" / "step6")[0], whole, rtol=1e-4, atol=5e-6)
+    # plugin-contract change, where the values are ~1e-4. That noise reaches the parameters
+    # through Adam's updates: with the tables drawn at std 0.02 (model.init_std) rather than
+    # 1.0 the relative tolerance no longer hides it there (1.6e-5 absolute seen, 1 entry).
+    resumed_state = checkpoint(one / "checkpoints" / "step6")[0]
+    import torch
+
+    torch.testing.assert_close(resumed_state.pop(TABLE_KEY), whole[TABLE_KEY], rtol=1e-4, atol=5e-5)
+    assert_states_equal(resumed_state, {k: v for k, v in whole.items() if k != TABLE_KEY}, rtol=1e-4, atol=5e-6)
 
 
 @pytest.mark.parametrize("listed", ["layers=[moe,engram]", "layers=[engram,moe]"])

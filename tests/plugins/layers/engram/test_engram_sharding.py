@@ -156,7 +156,7 @@ def _model_step(dp: str):
     from olmx_plugins.layers.engram.compression import TokenizerCompression, byte_level_tokens
     from olmx_plugins.layers.engram.sharding import collect_comm_stats
 
-    comp = TokenizerCompression(byte_level_tokens())
+    comp = TokenizerCompression(byte_level_tokens(), vocab_size=384)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def build(sharding: str):
