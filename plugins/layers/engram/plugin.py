@@ -232,7 +232,8 @@ class EngramLayer(LayerPlugin):
         width = (cfg.max_ngram_size - 1) * cfg.n_embed_per_ngram
         m = ctx.run.model
         return layers + [
-            LinearLayer(f"blocks.{i}.engram.{w}", width, m.d_model, keep=PROJECTION_KEEP)
+            # an nn.Linear subclass (module._Projection: its own bias initialisation)
+            LinearLayer(f"blocks.{i}.engram.{w}", width, m.d_model, keep=PROJECTION_KEEP, subclass=True)
             for i in layer_ids(cfg, m.n_layers)
             for w in ("key_proj", "value_proj")
         ]
