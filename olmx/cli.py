@@ -27,6 +27,10 @@ plugins_app = typer.Typer(no_args_is_help=True, help="List, inspect and check ol
 app.add_typer(plugins_app, name="plugins")
 jobs_app = typer.Typer(no_args_is_help=True, help="Follow, inspect or cancel a launched run by its run directory.")
 app.add_typer(jobs_app, name="jobs")
+export_app = typer.Typer(
+    no_args_is_help=True, help="Write a checkpoint of a run as a Hugging Face directory or a torch state-dict file."
+)
+app.add_typer(export_app, name="export")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -330,6 +334,53 @@ def generate(
     text, used = run_generate(run_dir, prompt, sampling, step=step)
     err.print(f"checkpoint step {used}", markup=False)
     out.print(prompt + text, markup=False)
+
+
+@export_app.command("hf")
+@guarded
+def export_hf(
+    run_dir: Path = typer.Argument(..., help="The run directory."),
+    out_dir: Path = typer.Option(..., "--out", help="The directory to write (new, or empty)."),
+    step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the newest)."),
+) -> None:
+    """Write a checkpoint as a Hugging Face transformers directory.
+
+    config.json, generation_config.json and model.safetensors (float32, the padded vocabulary),
+    which AutoModelForCausalLM.from_pretrained loads: Llama (model.block=default), OLMo 2 or
+    OLMo 3 (model.block=reordered_norm model.qk_norm=true; OLMo 3 with sliding windows). Models
+    with layer plugins (Engram, MoE) have no transformers architecture and are refused (olmx
+    export torch writes them). Byte-level runs get no tokenizer files."""
+    from olmx.export import export_hf as run_export
+
+    done = run_export(run_dir, out_dir, step=step)
+    out.print(
+        f"wrote {done.path}: {done.architecture}, checkpoint step {done.step}, {done.tensors} tensors "
+        f"(float32 safetensors); {done.tokenizer}",
+        markup=False,
+    )
+    out.print(f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(done.path)!r})", markup=False)
+
+
+@export_app.command("torch")
+@guarded
+def export_torch(
+    run_dir: Path = typer.Argument(..., help="The run directory."),
+    out_file: Path = typer.Option(..., "--out", help="The file to write (must not exist)."),
+    step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the newest)."),
+) -> None:
+    """Write a checkpoint as one torch state-dict file (any model).
+
+    torch.save of the full, unsharded state dict: a dict of OLMo-core parameter names to CPU
+    tensors (torch.load(FILE, weights_only=True)), which load_state_dict loads into the model
+    olmx builds from the run's plan."""
+    from olmx.export import export_torch as run_export
+
+    done = run_export(run_dir, out_file, step=step)
+    out.print(
+        f"wrote {done.path}: the full state dict of checkpoint step {done.step} ({done.tensors} tensors, "
+        "OLMo-core names; torch.load(FILE, weights_only=True))",
+        markup=False,
+    )
 
 
 @jobs_app.command("status")

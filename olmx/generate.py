@@ -21,13 +21,11 @@ the same way (an incomplete character is shown as U+FFFD).
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from olmx.errors import ConfigError
+from olmx.local_model import choose_checkpoint, load_model, local_plan, one_process
 
 #: How the continuation is drawn.
 GREEDY = 0.0
@@ -56,27 +54,6 @@ class Sampling:
             raise ConfigError("--top-p", f"must be in (0, 1], got {self.top_p}")
 
 
-def local_plan(run_dir: str | Path, reg: Any) -> Any:
-    """The run's plan, resolved again for one process on this machine."""
-    from olmx.plan import Plan
-    from olmx.plan.resolve import resolve
-    from olmx.rundir import RunDir
-
-    rd = RunDir(run_dir)
-    saved = Plan.load(rd.path / "plan.yaml", reg)
-    run = saved.run
-    from olmx.config.compose import compose, to_object
-
-    # This machine, one process: the default infra target of conf/train.yaml.
-    here = to_object(compose(["infra.nproc_per_node=1"], reg), reg).infra
-    t = run.trainer
-    trainer = dataclasses.replace(
-        t, resume=False, run_dir=str(rd.path), micro_batch_size=1, global_batch_size=1, compile="false"
-    )
-    one = dataclasses.replace(run, infra=here, parallel={}, trainer=trainer)
-    return resolve(one, reg)
-
-
 def encode(plan: Any, prompt: str) -> list[int]:
     """The prompt's token ids (byte-level runs: its UTF-8 bytes)."""
     tok = plan.run.data.tokenizer
@@ -97,23 +74,6 @@ def decode(plan: Any, ids: list[int]) -> str:
     return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
-def choose_checkpoint(run_dir: str | Path, step: int | None) -> Path:
-    """``checkpoints/stepN``: ``step``, or the newest complete one; it must verify against its
-    olmx manifest."""
-    from olmx.rundir import RunDir
-
-    rd = RunDir(run_dir)
-    if step is None:
-        step = rd.latest_checkpoint()
-        if step is None:
-            raise ConfigError("RUN_DIR", f"{rd.path} has no complete checkpoint (checkpoints/stepN) to generate from")
-    ckpt = rd.checkpoints / f"step{step}"
-    if not (ckpt / ".metadata.json").is_file():
-        have = sorted(int(p.name[4:]) for p in rd.checkpoints.glob("step*") if p.name[4:].isdigit())
-        raise ConfigError("--step", f"{ckpt} is not a complete checkpoint; complete ones: {have or 'none'}")
-    return ckpt
-
-
 def generate(run_dir: str | Path, prompt: str, sampling: Sampling, *, step: int | None = None) -> tuple[str, int]:
     """``(continuation, checkpoint step)`` of ``prompt`` (see the module docstring)."""
     sampling.check()
@@ -131,8 +91,8 @@ def generate(run_dir: str | Path, prompt: str, sampling: Sampling, *, step: int 
     problem = verify(ckpt)
     if problem:
         raise ConfigError("--step", f"{ckpt} does not verify against its manifest: {problem}")
-    with _one_process(plan):
-        model = _load(plan, reg, ckpt)
+    with one_process(plan):
+        model = load_model(plan, reg, ckpt)
         out = sample(model, ids, sampling, window=plan.batch.seq_len, eos_id=plan.run.data.tokenizer.eos_id, plan=plan)
     return decode(plan, out), int(ckpt.name[4:])
 
@@ -167,54 +127,3 @@ def sample(model: Any, ids: list[int], sampling: Sampling, *, window: int, eos_i
             tokens.append(nxt)
             new.append(nxt)
     return new
-
-
-def _load(plan: Any, reg: Any, ckpt: Path) -> Any:
-    """The model of ``plan``, built and placed as training does, with the checkpoint's weights."""
-    from olmo_core.distributed.checkpoint import load_model_and_optim_state
-    from olmo_core.train.train_module import TransformerTrainModuleConfig
-
-    from olmx.worker.model import build_model
-    from olmx.worker.train import train_module_kwargs
-
-    model = build_model(plan, reg)
-    train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, reg)).build(model)
-    with tempfile.TemporaryDirectory(prefix="olmx-generate-") as work:
-        load_model_and_optim_state(str(ckpt / "model_and_optim"), train_module.model, work_dir=work)
-    return train_module.model
-
-
-class _one_process:
-    """torch.distributed with one process (gloo, or NCCL and gloo on a GPU) on a free local
-    port, for what expects a process group (OLMo-core's train module, sharded Engram tables)."""
-
-    def __init__(self, plan: Any) -> None:
-        self.plan = plan
-        self.saved: dict[str, str | None] = {}
-
-    def __enter__(self) -> None:
-        import torch
-        import torch.distributed as dist
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-        env |= {"LOCAL_WORLD_SIZE": "1", "OLMO_SHARED_FS": "1", "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1"}
-        self.saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        cuda = self.plan.world.device == "cuda"
-        if cuda:
-            torch.cuda.set_device(0)
-        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", rank=0, world_size=1)
-
-    def __exit__(self, *exc: Any) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

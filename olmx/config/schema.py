@@ -46,6 +46,13 @@ class ModelConfig:
     attn_backend: str = "auto"
     #: Standard deviation of the normal initialisation.
     init_std: float = 0.02
+    #: A local Hugging Face ``transformers`` checkpoint directory (``config.json`` plus
+    #: safetensors weights, e.g. written by ``olmx export hf``) whose weights a fresh run starts
+    #: from instead of the random initialisation; a resume loads its own checkpoint instead.
+    #: Its architecture must be the one this model maps to (``default`` block: Llama;
+    #: ``reordered_norm`` with QK-norm: OLMo 2, or OLMo 3 with sliding windows) and every tensor's
+    #: shape must match: the plan checks both and says what it loads. Never downloaded.
+    init_from: Optional[str] = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from olmx.config.schema import ModelConfig, RunConfig
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan import BatchPlan, ParamCounts, Plan
 from olmx.plan.execution import resolve_execution
+from olmx.plan.hf import check_init_from
 from olmx.plan.resume import check_resume
 from olmx.registry import Registry
 from olmx.rundir import RunDir
@@ -104,6 +105,7 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
     if resume_step is not None:
         check_resume(run, run_dir, resume_step)
+    model_rows = check_init_from(run, vocab, resume_step) if run.model.init_from else []
     return Plan(
         run=run,
         world=world,
@@ -118,6 +120,7 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
         decisions={k: c.decisions for k, c in contributions.items() if c.decisions},
         sections={
             "data": data_rows,
+            **({"model": model_rows} if model_rows else {}),
             **{k: c.rows for k, c in contributions.items()},
             **({"warnings": warnings} if (warnings := _warnings(run)) else {}),
         },

@@ -17,9 +17,9 @@ from olmx.rundir import RunDir
 
 #: Sections of the config a checkpoint was trained with that must match to resume from it
 #: (the model's shape and the layers in it, the data and its order), and keys of them that may
-#: change (they do not change what is trained).
+#: change (they do not change what is trained; ``model.init_from`` only seeds a fresh start).
 RESUME_SECTIONS = ("model", "data", "layers")
-RESUME_FREE_KEYS = ("data.cache_dir", "data.num_workers")
+RESUME_FREE_KEYS = ("data.cache_dir", "data.num_workers", "model.init_from")
 
 
 def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:

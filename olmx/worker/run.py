@@ -3,7 +3,8 @@
 Reads the saved plan (never composes config), sets up torch.distributed through OLMo-core,
 builds the model (layer plugins applied before parallelism), the train module (parallel and
 precision plugins applied) and the Trainer, resumes from the newest checkpoint that verifies
-(:mod:`olmx.worker.checkpoint`), and trains. A stop signal or a non-finite step ends the run
+(:mod:`olmx.worker.checkpoint`) or, on a fresh start, loads ``model.init_from``'s Hugging Face
+weights (:mod:`olmx.worker.hf`), and trains. A stop signal or a non-finite step ends the run
 with a checkpoint (:mod:`olmx.worker.faults`); how it ended goes to ``events.jsonl``.
 """
 
@@ -86,10 +87,16 @@ def _run(plan_path: str | Path) -> int:
         check_disk_space(model, plan.run_dir)
         trainer = build_trainer(plan, reg, model)
         step = None if fresh else resume_from_verified(trainer, plan.run_dir)
+        initialised_from = None
+        if step is None and run.model.init_from:  # a fresh start (a resume has its checkpoint's weights)
+            from olmx.worker.hf import load_init_from
+
+            initialised_from = load_init_from(trainer.train_module.model, plan)
         trainer.callbacks["olmx_metrics"].resumed_from = step
         if rank0:
             truncate_metrics(plan.run_dir, step)
-            append_event(plan.run_dir, "start", attempt=attempt, resumed_from=step, world_size=get_world_size())
+            more = {"init_from": initialised_from} if initialised_from else {}
+            append_event(plan.run_dir, "start", attempt=attempt, resumed_from=step, world_size=get_world_size(), **more)
         guard = trainer.callbacks["olmx_guard"]
         end = min(run.trainer.max_steps, run.trainer.stop_at_step or run.trainer.max_steps)
         if signum := agree_stop():  # stopped before the first step: the latest checkpoint stands

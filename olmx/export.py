@@ -1,0 +1,159 @@
+"""``olmx export hf|torch RUN_DIR --out PATH``: a checkpoint of a run as files other tools read.
+
+The checkpoint (the newest that verifies against its olmx manifest, or ``--step N``) is loaded
+into the run's model in one process on this machine, as ``olmx generate`` loads it
+(:mod:`olmx.local_model`: distributed checkpoints reshard, whatever the run's world was).
+
+* ``hf``: a Hugging Face ``transformers`` directory (``config.json``, ``generation_config.json``,
+  ``model.safetensors`` in the trained float32 weights) that ``AutoModelForCausalLM.from_pretrained``
+  loads, converted by OLMo-core's ``olmo_core.nn.hf``; the architecture is Llama, OLMo 2 or
+  OLMo 3 (:mod:`olmx.plan.hf` says which model is which; the others are refused with the
+  reason before anything is loaded). The embeddings keep the model's padded vocabulary
+  (a multiple of 128), so the logits are the model's. Byte-level runs have no Hugging Face
+  tokenizer, and none is written (ids 0-255 are the UTF-8 bytes); a run whose
+  ``data.tokenizer.path`` names a local ``tokenizer.json`` gets a copy of it.
+* ``torch``: one file, ``torch.save`` of the full, unsharded state dict (OLMo-core parameter
+  names -> CPU tensors; ``torch.load(FILE, weights_only=True)``), for any model, Engram and
+  MoE included.
+
+Export never overwrites: ``--out`` must not exist (``hf``: or be an empty directory). The
+files are written beside it under a temporary name and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from olmx.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    """What an export wrote."""
+
+    #: The directory or file written.
+    path: Path
+    #: The checkpoint step exported.
+    step: int
+    #: Number of tensors written.
+    tensors: int
+    #: ``hf``: the transformers class (``Olmo2ForCausalLM``); ``torch``: empty.
+    architecture: str = ""
+    #: ``hf``: what became of the tokenizer.
+    tokenizer: str = ""
+
+
+def _check_out(out: Path, *, directory: bool) -> Path:
+    """``out`` absolute, where nothing would be overwritten."""
+    out = Path(os.path.expanduser(out)).absolute()
+    what = "directory" if directory else "file"
+    if out.is_dir() and directory:
+        if any(out.iterdir()):
+            raise ConfigError("--out", f"{out} exists and is not empty: export writes a new {what}, never over files")
+    elif out.exists() or out.is_symlink():
+        raise ConfigError("--out", f"{out} exists: export writes a new {what}, it never overwrites")
+    parent = out.parent
+    if not parent.is_dir():
+        raise ConfigError("--out", f"{parent} is not a directory")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError("--out", f"{parent} is not writable")
+    return out
+
+
+def _tokenizer_file(plan: Any) -> Path | None:
+    """The run's local ``tokenizer.json`` (None: byte-level, or no file named)."""
+    tok = plan.run.data.tokenizer
+    if tok.name == "bytes" or not tok.path:
+        return None
+    path = Path(os.path.expanduser(tok.path))
+    if not path.is_file():
+        raise ConfigError("data.tokenizer.path", f"'{tok.path}' is not a file (the run's tokenizer.json, to copy)")
+    return path
+
+
+def export_hf(run_dir: str | Path, out: str | Path, *, step: int | None = None) -> Exported:
+    """Write the run's checkpoint as a Hugging Face ``transformers`` directory ``out`` (see the
+    module docstring)."""
+    out = _check_out(Path(out), directory=True)
+    reg, plan = _plan(run_dir)
+    from olmx.plan.hf import ARCHITECTURES, hf_architecture
+
+    arch = hf_architecture(plan.run)  # refused before anything is loaded
+    tokenizer = _tokenizer_file(plan)
+    from olmx.local_model import verified_checkpoint
+    from olmx.worker.hf import offline
+
+    ckpt = verified_checkpoint(run_dir, step)
+    offline()
+    tmp = out.with_name(f".{out.name}.olmx-export-{os.getpid()}")
+    try:
+        n = _with_model(plan, reg, ckpt, lambda model: _save_hf(model, plan, arch, tmp))
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, tmp / "tokenizer.json")
+            note = f"tokenizer.json copied from {tokenizer}"
+        else:
+            tok = plan.run.data.tokenizer
+            note = (
+                f"no tokenizer files: the run is byte-level (ids 0-255 are UTF-8 bytes, {tok.eos_id} ends a document)"
+                if tok.name == "bytes"
+                else f"no tokenizer files: the run names no local tokenizer.json of {tok.name!r} (data.tokenizer.path)"
+            )
+        if out.is_dir():
+            out.rmdir()  # empty, checked above
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Exported(path=out, step=int(ckpt.name[4:]), tensors=n, architecture=ARCHITECTURES[arch][0], tokenizer=note)
+
+
+def export_torch(run_dir: str | Path, out: str | Path, *, step: int | None = None) -> Exported:
+    """Write the run's checkpoint as one ``torch.save`` file of its full state dict."""
+    out = _check_out(Path(out), directory=False)
+    reg, plan = _plan(run_dir)
+    from olmx.local_model import verified_checkpoint
+
+    ckpt = verified_checkpoint(run_dir, step)
+    tmp = out.with_name(f".{out.name}.olmx-export-{os.getpid()}")
+    try:
+        n = _with_model(plan, reg, ckpt, lambda model: _save_torch(model, tmp))
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Exported(path=out, step=int(ckpt.name[4:]), tensors=n)
+
+
+def _plan(run_dir: str | Path) -> tuple[Any, Any]:
+    import logging
+
+    logging.getLogger("olmo_core").setLevel(logging.ERROR)  # import-time notes (no transformer_engine, ...)
+    from olmx.local_model import local_plan
+    from olmx.registry import registry
+
+    reg = registry()
+    return reg, local_plan(run_dir, reg)
+
+
+def _with_model(plan: Any, reg: Any, ckpt: Path, write: Any) -> int:
+    from olmx.local_model import load_model, one_process
+
+    with one_process(plan):
+        return write(load_model(plan, reg, ckpt))
+
+
+def _save_hf(model: Any, plan: Any, arch: str, tmp: Path) -> int:
+    from olmx.worker.hf import save_hf
+
+    return save_hf(model, plan, arch, tmp)
+
+
+def _save_torch(model: Any, tmp: Path) -> int:
+    import torch
+    from olmo_core.distributed.utils import get_full_tensor
+
+    state = {k: get_full_tensor(v).detach().cpu() for k, v in model.state_dict().items()}
+    torch.save(state, tmp)
+    return len(state)

@@ -1,0 +1,317 @@
+"""``olmx export hf|torch`` and ``model.init_from``: an olmx checkpoint as a Hugging Face
+``transformers`` directory (Llama, OLMo 2, OLMo 3) whose logits and greedy continuation are
+olmx's, and a run started from such a directory, on one process and with FSDP on two."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from olmx.errors import ConfigError
+from tests.conftest import olmx_cli
+from tests.test_training import SMALL
+
+#: Largest |logit difference| allowed between olmx's model and its transformers export, both in
+#: float32 on the same CPU (measured: 0.0, the same kernels compute the same sums).
+LOGIT_TOL = 1e-5
+#: The run started from an export begins within this fraction of the exported run's last loss.
+RESUME_TOL = 0.02
+#: ``model.*`` settings of each transformers architecture (3 layers: OLMo 3's pattern [16,-1]
+#: makes layer 0 sliding, layers 1 and 2 full).
+ARCHS = {
+    "llama": [],
+    "olmo2": ["model.block=reordered_norm", "model.qk_norm=true"],
+    "olmo3": ["model.block=reordered_norm", "model.qk_norm=true", "model.sliding_window=[16,-1]"],
+}
+TINY = ["model.d_model=64", "model.n_layers=3", "model.n_heads=4", "model.n_kv_heads=2", "model.hidden_size=256"]
+
+
+def plan_for(tmp_path: Path, *overrides: str):
+    """The resolved plan of a tiny one-process run (nothing is written)."""
+    from olmx.config.compose import compose, to_object
+    from olmx.plan.resolve import resolve
+    from olmx.registry import registry
+
+    reg = registry()
+    args = [*TINY, "data.seq_len=64", "infra.nproc_per_node=1", "parallel=[]", f"data.cache_dir={tmp_path / 'cache'}"]
+    args += [f"trainer.run_dir={tmp_path / 'run'}", *overrides]
+    return resolve(to_object(compose(args, reg), reg), reg)
+
+
+def built(plan, seed: int):
+    """The plan's model on the CPU, initialised from ``seed``, its norm gains moved off 1 (so
+    that a norm mapped to the wrong place shows)."""
+    import torch
+
+    from olmx.worker.model import build_model_config
+
+    model = build_model_config(plan.run.model, vocab_size=plan.vocab_size).build(init_device="cpu")
+    torch.manual_seed(seed)
+    model.init_weights(device=torch.device("cpu"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture
+def hf_offline(monkeypatch):
+    """What :func:`olmx.worker.hf.offline` sets, restored after the test."""
+    for key in ("HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.setenv(key, "1")
+    from olmx.worker.hf import offline
+
+    offline()
+
+
+@pytest.fixture
+def llama_dir(tmp_path, hf_offline) -> Path:
+    """A Llama export of a built tiny model (no training), for the plan's init_from checks."""
+    from olmx.worker.hf import save_hf
+
+    plan = plan_for(tmp_path / "export")
+    save_hf(built(plan, 0), plan, "llama", tmp_path / "llama")
+    return tmp_path / "llama"
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_each_architecture_exports_and_loads_back_exactly(tmp_path, hf_offline, arch) -> None:
+    import torch
+    from olmo_core.nn.hf import load_hf_model
+    from transformers import AutoModelForCausalLM
+
+    from olmx.plan.hf import ARCHITECTURES, check_init_from, hf_architecture
+    from olmx.worker.hf import save_hf
+
+    plan = plan_for(tmp_path, *ARCHS[arch])
+    assert hf_architecture(plan.run) == arch
+    model = built(plan, 0)
+    out = tmp_path / "hf"
+    assert save_hf(model, plan, arch, out) == len(model.state_dict())
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == arch and config["architectures"] == [ARCHITECTURES[arch][0]]
+    assert (config["vocab_size"], config["eos_token_id"], config["pad_token_id"]) == (384, 256, 257)
+    assert json.loads((out / "generation_config.json").read_text())["suppress_tokens"] == list(range(258, 384))
+
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    x = torch.randint(0, 258, (2, 48), generator=torch.Generator().manual_seed(1))  # longer than the window
+    with torch.no_grad():
+        diff = (model(x) - hf(x).logits).abs().max().item()
+    assert diff <= LOGIT_TOL
+
+    # The plan's torch-free check accepts the export, and OLMo-core's loader (the worker's) puts
+    # back exactly the weights.
+    run = dataclasses.replace(plan.run, model=dataclasses.replace(plan.run.model, init_from=str(out)))
+    (row,) = check_init_from(run, plan.vocab_size, None)
+    assert ARCHITECTURES[arch][0] in row[1] and f"{len(model.state_dict())} tensors" in row[1]
+    other = built(plan, 1)
+    state = other.state_dict()
+    load_hf_model(str(out), state)
+    other.load_state_dict(state)
+    mine, theirs = other.state_dict(), model.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "match"),
+    [
+        (["layers=[moe]"], "layers", r"layers=\[moe\] add blocks that no Hugging Face transformers architecture"),
+        (["layers=[engram]"], "layers", "olmx export torch writes the full state dict"),
+        (["model.qk_norm=true"], "model.qk_norm", "Llama has no QK-norm"),
+        (["model.sliding_window=[16,-1]"], "model.sliding_window", "Llama has no sliding-window attention"),
+        (["model.block=reordered_norm"], "model.qk_norm", "normalise queries and keys in every layer"),
+        (
+            [*ARCHS["olmo3"][:2], "model.n_layers=4", "model.sliding_window=[16,32,-1]"],
+            "model.sliding_window",
+            r"windows of \[16, 32\] tokens",
+        ),
+    ],
+)
+def test_models_without_a_transformers_architecture_are_refused_with_the_reason(tmp_path, overrides, key, match):
+    from olmx.plan.hf import hf_architecture
+
+    with pytest.raises(ConfigError, match=match) as info:
+        hf_architecture(plan_for(tmp_path, *overrides).run)
+    assert info.value.field == key
+
+
+def test_a_local_tokenizer_json_is_what_the_export_copies(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from olmx.export import _tokenizer_file
+
+    def plan(name: str, path: str | None):
+        tokenizer = SimpleNamespace(name=name, path=path)
+        return SimpleNamespace(run=SimpleNamespace(data=SimpleNamespace(tokenizer=tokenizer)))
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert _tokenizer_file(plan("bytes", None)) is None and _tokenizer_file(plan("dolma2", None)) is None
+    assert _tokenizer_file(plan("dolma2", str(tmp_path / "tokenizer.json"))) == tmp_path / "tokenizer.json"
+    with pytest.raises(ConfigError, match="is not a file") as info:
+        _tokenizer_file(plan("dolma2", str(tmp_path / "missing.json")))
+    assert info.value.field == "data.tokenizer.path"
+
+
+def _edit_copy(src: Path, dst: Path, *, config=None, tensors=None) -> Path:
+    """A copy of an HF directory with its config.json or its tensors edited."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    if config is not None:
+        data = json.loads((dst / "config.json").read_text())
+        config(data)
+        (dst / "config.json").write_text(json.dumps(data))
+    if tensors is not None:
+        state = load_file(dst / "model.safetensors")
+        tensors(state)
+        save_file(state, dst / "model.safetensors")
+    return dst
+
+
+def test_init_from_is_checked_at_plan_time(tmp_path, llama_dir) -> None:
+    import torch
+
+    def refused(path, *overrides: str) -> str:
+        with pytest.raises(ConfigError) as info:
+            plan_for(tmp_path, f"model.init_from={path}", *overrides)
+        assert info.value.field == "model.init_from"
+        return str(info.value)
+
+    plan = plan_for(tmp_path, f"model.init_from={llama_dir}")
+    (row,) = plan.sections["model"]
+    loads = f"{llama_dir}: LlamaForCausalLM (llama), 30 tensors, {plan.params.total:,} parameters (F32), loaded"
+    assert row[1].startswith(loads)
+    # A Hub model id is a missing directory here: refused, never looked up.
+    assert "nothing is downloaded" in refused("allenai/OLMo-2-0425-1B")
+    assert "holds a 'llama' model, and this run's model is olmo2" in refused(llama_dir, *ARCHS["olmo2"])
+    assert "intermediate_size 256 in config.json, 128 in olmx's model (model.hidden_size)" in refused(
+        llama_dir, "model.hidden_size=128"
+    )
+    assert "vocab_size 384 in config.json, 512" in refused(llama_dir, "data.tokenizer.vocab_size=400")
+    remote = _edit_copy(llama_dir, tmp_path / "remote", config=lambda c: c.update(auto_map={"AutoConfig": "x.C"}))
+    assert "runs no code from a checkpoint directory" in refused(remote)
+    gone = _edit_copy(llama_dir, tmp_path / "gone", tensors=lambda s: s.pop("model.norm.weight"))
+    assert "missing: model.norm.weight" in refused(gone)
+    wide = _edit_copy(
+        llama_dir,
+        tmp_path / "wide",
+        tensors=lambda s: s.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(256, 65)}),
+    )
+    assert "other shapes: model.layers.0.mlp.up_proj.weight [256, 65] (olmx's model: [256, 64])" in refused(wide)
+    pickled = tmp_path / "pickled"
+    shutil.copytree(llama_dir, pickled)
+    (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
+    assert "safetensors format only" in refused(pickled)
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train(run: Path, cache: Path, *overrides: str) -> str:
+    proc = olmx_cli("train", *SMALL, f"trainer.run_dir={run}", *overrides, env={"OLMX_CACHE_DIR": str(cache)})
+    log = run / "logs" / "node0.log"
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (log.read_text()[-3000:] if log.exists() else "")
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, Path]:
+    """A tiny Llama-architecture run (2 processes, DDP, 12 steps) exported both ways by the CLI."""
+    root = tmp_path_factory.mktemp("export")
+    paths = {"run": root / "run", "hf": root / "hf", "pt": root / "model.pt", "cache": root / "cache"}
+    _train(paths["run"], paths["cache"], "trainer.max_steps=12")
+    proc = olmx_cli("export", "hf", str(paths["run"]), "--out", str(paths["hf"]))
+    assert proc.returncode == 0, proc.stderr
+    assert "LlamaForCausalLM, checkpoint step 12, 21 tensors" in proc.stdout
+    assert "no tokenizer files: the run is byte-level" in proc.stdout
+    from olmx.export import export_torch
+
+    assert export_torch(paths["run"], paths["pt"]).tensors == 21
+    return paths
+
+
+@pytest.mark.dist
+def test_the_export_has_olmx_logits_and_greedy_continuation(exported, hf_offline) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from olmx.generate import Sampling, decode, generate
+    from olmx.local_model import choose_checkpoint, load_model, local_plan, one_process
+    from olmx.registry import registry
+
+    assert sorted(p.name for p in exported["hf"].iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    hf = AutoModelForCausalLM.from_pretrained(exported["hf"]).eval()
+    prompt = "def main(argv):\n    "
+    ids = torch.tensor([list(prompt.encode())])
+    reg = registry()
+    plan = local_plan(exported["run"], reg)
+    with one_process(plan):
+        model = load_model(plan, reg, choose_checkpoint(exported["run"], None)).eval()
+        with torch.no_grad():
+            diff = (model(ids) - hf(ids).logits).abs().max().item()
+        state = model.state_dict()
+    assert diff <= LOGIT_TOL
+    saved = torch.load(exported["pt"], weights_only=True)
+    assert saved.keys() == state.keys() and all(torch.equal(saved[k], v) for k, v in state.items())
+
+    ours, step = generate(exported["run"], prompt, Sampling(max_new_tokens=24, temperature=0))
+    with torch.no_grad():
+        theirs = hf.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1] :].tolist()
+    assert step == 12 and ours == decode(plan, [t for t in theirs if t != 256])
+
+    # Never over files olmx did not write; a missing checkpoint names --step.
+    proc = olmx_cli("export", "hf", str(exported["run"]), "--out", str(exported["hf"]))
+    assert proc.returncode == 2 and "exists and is not empty" in proc.stderr and "Traceback" not in proc.stderr
+    from olmx.export import export_torch
+
+    with pytest.raises(ConfigError, match="exists: export writes a new file") as info:
+        export_torch(exported["run"], exported["pt"])
+    assert info.value.field == "--out"
+    with pytest.raises(ConfigError, match=r"not a complete checkpoint; complete ones: \[12\]") as info:
+        export_torch(exported["run"], exported["pt"].with_suffix(".7"), step=7)
+    assert info.value.field == "--step" and not exported["pt"].with_suffix(".7").exists()
+
+
+@pytest.mark.dist
+def test_init_from_the_export_starts_where_the_run_ended_on_fsdp_and_one_process(exported, tmp_path) -> None:
+    start = [f"model.init_from={exported['hf']}", "trainer.max_steps=2"]
+    fsdp = tmp_path / "fsdp"
+    printed = _train(fsdp, exported["cache"], *start, "parallel=[fsdp]", "trainer.micro_batch_size=2")
+    assert "LlamaForCausalLM (llama), 21 tensors" in printed
+    single = tmp_path / "single"
+    _train(single, exported["cache"], *start, "infra.nproc_per_node=1", "parallel=[]")
+    ended, fresh = _losses(exported["run"])[-1], _losses(exported["run"])[0]
+    first = _losses(fsdp)[0]
+    assert abs(first - ended) <= RESUME_TOL * ended, (first, ended)
+    assert first < fresh - 0.5  # not the random initialisation's loss
+    assert _losses(fsdp) == pytest.approx(_losses(single), rel=2e-5)
+    events = [json.loads(line) for line in (fsdp / "events.jsonl").read_text().splitlines()]
+    assert [e.get("init_from") for e in events if e["event"] == "start"] == [str(exported["hf"])]
+
+
+@pytest.mark.dist
+def test_any_model_exports_to_torch_and_a_layered_one_is_refused_for_hf(tmp_path) -> None:
+    import torch
+
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    _train(run, cache, "layers=[engram,moe]", "infra.nproc_per_node=1", "parallel=[]", "trainer.max_steps=1")
+    out = tmp_path / "hf"
+    proc = olmx_cli("export", "hf", str(run), "--out", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "layers=[engram,moe] add blocks that no Hugging Face transformers architecture has" in proc.stderr
+    assert not out.exists()
+    proc = olmx_cli("export", "torch", str(run), "--out", str(tmp_path / "model.pt"))
+    assert proc.returncode == 0, proc.stderr
+    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert any("engram" in k for k in state) and any("experts" in k or "moe" in k for k in state)
+    assert all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in state.values())
