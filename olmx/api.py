@@ -93,6 +93,11 @@ class World:
     device_name: str = "cpu"
     #: CUDA compute capability ``(major, minor)`` where known (``None`` on CPU or unknown).
     compute_capability: tuple[int, int] | None = None
+    #: Memory one process may use, in GiB, where known: one GPU's memory, or on CPUs this
+    #: machine's RAM shared by its processes. The plan's memory estimate is checked against it.
+    device_memory_gib: float | None = None
+    #: What the plan should warn about this world (more processes than cores, ...).
+    warnings: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,8 @@ class LocalDevices:
     count: int
     name: str
     compute_capability: tuple[int, int] | None
+    #: Memory of one GPU (``nvidia-smi``'s ``memory.total``); None on CPU.
+    memory_gib: float | None = None
 
 
 @lru_cache(maxsize=1)
@@ -26,7 +30,7 @@ def local_devices() -> LocalDevices:
     if exe:
         try:
             out = subprocess.run(
-                [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                [exe, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
                 capture_output=True,
                 text=True,
                 timeout=20,
@@ -39,7 +43,9 @@ def local_devices() -> LocalDevices:
             name, cap = rows[0][0], rows[0][1] if len(rows[0]) > 1 else ""
             major, _, minor = cap.partition(".")
             cc = (int(major), int(minor or 0)) if major.isdigit() else None
-            return LocalDevices("cuda", len(rows), name, cc)
+            mib = rows[0][2] if len(rows[0]) > 2 else ""
+            memory = int(mib) / 1024 if mib.isdigit() else gpu_memory_gib(name)
+            return LocalDevices("cuda", len(rows), name, cc, memory)
     return LocalDevices("cpu", 0, "cpu", None)
 
 
@@ -79,4 +85,49 @@ def gpu_compute_capability(name: str) -> tuple[int, int] | None:
     for key, capability in _CAPABILITIES:
         if key.upper() in upper:
             return capability
+    return None
+
+
+#: Memory of GPU models whose names do not say it (GiB, about what ``nvidia-smi`` reports);
+#: a size in the name (``80GB``) wins. Longer keys first. Source: NVIDIA's data sheets.
+_MEMORY_GIB: tuple[tuple[str, float], ...] = (
+    ("GB200", 186.0),
+    ("B300", 279.0),
+    ("B200", 179.0),
+    ("GH200", 95.0),
+    ("H200", 140.0),
+    ("H100", 79.6),
+    ("RTX PRO 6000", 95.0),
+    ("RTX 5090", 31.5),
+    ("RTX 6000 Ada", 47.5),
+    ("RTX 4090", 23.6),
+    ("RTX 3090", 23.6),
+    ("L40", 44.5),
+    ("L4", 22.0),
+    ("A6000", 47.5),
+    ("A40", 44.5),
+    ("A10", 22.0),
+)
+
+
+def gpu_memory_gib(name: str) -> float | None:
+    """Memory of one GPU of the model named like ``nvidia-smi`` or RunPod name it; None when
+    unknown (an A100 or a V100 without its size in the name)."""
+    sized = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
+    if sized:
+        return float(sized.group(1)) * 0.995
+    for key, gib in _MEMORY_GIB:  # whole words: "A10" is not the A100
+        if re.search(rf"(?<![A-Z0-9]){re.escape(key)}(?![0-9])", name, re.IGNORECASE):
+            return gib
+    return None
+
+
+def host_memory_gib() -> float | None:
+    """This machine's RAM (``MemTotal`` of ``/proc/meminfo``); None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
     return None

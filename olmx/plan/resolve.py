@@ -101,6 +101,10 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     extra_active = sum(c.active_params for c in contributions.values())
     params = ParamCounts(total=base.total + extra, embedding=base.embedding, active=base.active + extra_active)
 
+    from olmx.plan import memory
+
+    mem_warnings = memory.check(run, mesh, world, params.total, vocab, dtypes.param)
+    mem_rows = memory.rows(memory.estimate(run, mesh, params.total, vocab, dtypes.param, world.device), world)
     run_dir = _run_dir(run, now or datetime.now())
     resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
     if resume_step is not None:
@@ -122,7 +126,16 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
             "data": data_rows,
             **({"model": model_rows} if model_rows else {}),
             **{k: c.rows for k, c in contributions.items()},
-            **({"warnings": warnings} if (warnings := _warnings(run)) else {}),
+            "memory": mem_rows,
+            **(
+                {"warnings": warnings}
+                if (
+                    warnings := _warnings(run)
+                    + [("world", w) for w in world.warnings]
+                    + [("memory", w) for w in mem_warnings]
+                )
+                else {}
+            ),
         },
         olmx_version=__version__,
     )

@@ -40,6 +40,24 @@ class LocalConfig(TorchrunConfig):
     master_port: int = 29500
 
 
+def _crowded(kind: str, nproc: int) -> tuple[str, ...]:
+    """A warning when CPU processes outnumber this machine's cores (each gets one thread)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if kind != "cpu" or nproc <= cores:
+        return ()
+    return (
+        f"{nproc} CPU processes on {cores} core(s): they share the cores (one thread each), so a step is no "
+        f"faster than with {cores} process(es) and adds communication between them (infra.nproc_per_node={cores})",
+    )
+
+
+def _share(total: float | None, nproc: int) -> float | None:
+    """Each CPU process's share of this machine's RAM."""
+    return None if total is None else total / nproc
+
+
 class LocalInfra(InfraPlugin):
     """Runs torchrun on this machine and follows the run from the terminal."""
 
@@ -50,7 +68,7 @@ class LocalInfra(InfraPlugin):
 
     def world(self, cfg: LocalConfig) -> World:
         """Processes from the settings and the GPUs ``nvidia-smi`` sees."""
-        from olmx.launch.devices import local_devices
+        from olmx.launch.devices import host_memory_gib, local_devices
 
         cfg.check()
         dev = local_devices()
@@ -67,6 +85,8 @@ class LocalInfra(InfraPlugin):
             device=dev.kind,
             device_name=dev.name,
             compute_capability=dev.compute_capability,
+            device_memory_gib=dev.memory_gib if dev.kind == "cuda" else _share(host_memory_gib(), nproc),
+            warnings=_crowded(dev.kind, nproc),
         )
 
     def command(self, cfg: LocalConfig, plan: Any) -> list[str]:

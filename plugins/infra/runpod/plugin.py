@@ -71,7 +71,7 @@ class RunPodInfra(InfraPlugin):
 
     def world(self, cfg: RunPodConfig) -> World:
         """Processes from the settings; every setting that reaches RunPod is checked here."""
-        from olmx.launch.devices import gpu_compute_capability
+        from olmx.launch.devices import gpu_compute_capability, gpu_memory_gib
         from olmx_plugins.infra.runpod.spec import CloudType
 
         cfg.check()
@@ -106,16 +106,28 @@ class RunPodInfra(InfraPlugin):
             device="cuda",
             device_name=cfg.gpu_type,
             compute_capability=gpu_compute_capability(cfg.gpu_type),
+            device_memory_gib=gpu_memory_gib(cfg.gpu_type),
         )
 
     @staticmethod
     def _check_gpu_types(cfg: RunPodConfig, gpus: int, capability: Any) -> None:
-        """The fallback GPU types: only on GPU pods, and each as capable as ``gpu_type``
-        (the precision plugins checked the plan against that one)."""
+        """The fallback GPU types: only on GPU pods, and each as capable as ``gpu_type`` (the
+        precision plugins checked the plan against its compute capability, the memory estimate
+        against its memory)."""
         if cfg.gpu_types and not gpus:
             raise ConfigError("infra.gpu_types", "a CPU pod (infra.gpus_per_node=0) has no GPU type to fall back from")
-        want = capability(cfg.gpu_type)
+        from olmx.launch.devices import gpu_memory_gib
+
+        want, room = capability(cfg.gpu_type), gpu_memory_gib(cfg.gpu_type)
         for other in cfg.gpu_types:
+            less = gpu_memory_gib(other)
+            if room and (less is None or less < room):
+                raise ConfigError(
+                    "infra.gpu_types",
+                    f"{other!r} has {f'{less:g} GiB' if less else 'an unknown amount of'} memory, less than "
+                    f"infra.gpu_type={cfg.gpu_type!r} ({room:g} GiB), which the plan's memory estimate is checked "
+                    "against; fall back only to GPUs with as much memory",
+                )
             if capability(other) != want:
                 got = capability(other)
                 raise ConfigError(

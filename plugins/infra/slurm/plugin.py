@@ -164,7 +164,7 @@ class SlurmInfra(InfraPlugin):
 
     def world(self, cfg: SlurmConfig) -> World:
         """Processes from the settings; the nodes cannot be inspected from here."""
-        from olmx.launch.devices import gpu_compute_capability
+        from olmx.launch.devices import gpu_compute_capability, gpu_memory_gib
 
         if cfg.nodes < 1:
             raise ConfigError("infra.nodes", f"must be at least 1, got {cfg.nodes}")
@@ -191,6 +191,7 @@ class SlurmInfra(InfraPlugin):
             device="cuda",
             device_name=name,
             compute_capability=gpu_compute_capability(name),
+            device_memory_gib=gpu_memory_gib(name),
         )
 
     # -- the batch script ------------------------------------------------------------------

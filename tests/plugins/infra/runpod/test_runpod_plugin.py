@@ -75,7 +75,9 @@ def test_world_from_the_settings() -> None:
             "infra.pass_env",
             "also set in infra.secrets",
         ),
-        (RunPodConfig(gpu_types=["NVIDIA B200"]), "infra.gpu_types", "SM100, but the plan is made for"),
+        (RunPodConfig(gpu_type="NVIDIA H200", gpu_types=["NVIDIA B200"]), "infra.gpu_types", "SM100, but the plan is"),
+        (RunPodConfig(gpu_types=["NVIDIA L40S"]), "infra.gpu_types", "44.5 GiB memory, less than"),
+        (RunPodConfig(gpu_type="NVIDIA H200", gpu_types=["NVIDIA H100 80GB HBM3"]), "infra.gpu_types", "79.6 GiB"),
         (RunPodConfig(gpu_types=["NVIDIA H200"], gpus_per_node=0), "infra.gpu_types", "a CPU pod"),
         (RunPodConfig(ssh_wait_timeout=0), "infra.ssh_wait_timeout", "must be positive"),
         (
