@@ -137,8 +137,9 @@ class EngramConfig(Config):
     """``layers.engram.table_init_std`` resolved against the model (null there: ``model.init_std``;
     0.02 here, OLMo-core's default ``init_std``): std of the table initialisation, which also
     scales the projection biases' initialisation."""
-    sharding: TableSharding = TableSharding(_User.sharding)
-    """``layers.engram.sharding``: ``replicated``, ``1d`` or ``2d``."""
+    sharding: TableSharding = TableSharding.replicated
+    """``layers.engram.sharding`` as the plan decided it (``auto`` resolved): ``replicated``,
+    ``1d`` or ``2d``."""
     shard_degree: int | None = _User.shard_degree
     """``layers.engram.shard_degree``: ranks per shard group, for ``sharding=2d``."""
 

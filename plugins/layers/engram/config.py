@@ -13,8 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-#: Values of ``sharding`` (those of :class:`~.sharding.TableSharding`).
-SHARDINGS = ("replicated", "1d", "2d")
+#: Values of ``sharding``: ``auto`` and those of :class:`~.sharding.TableSharding`.
+SHARDINGS = ("auto", "replicated", "1d", "2d")
+#: ``sharding=auto`` shards (``1d``) where the world has more than one rank and the tables'
+#: replicated training state (:data:`STATE_BYTES_PER_PARAM` per parameter) exceeds this: 1 GiB
+#: per rank, ~67M table parameters. Below it the dense all-reduce of a replicated table costs
+#: little and keeps small (test) runs on the plain path.
+AUTO_SHARD_MIN_BYTES = 1 << 30
+#: Bytes per table parameter of training state: float32 weight, float32 gradient and Adam's two
+#: float32 moments.
+STATE_BYTES_PER_PARAM = 16
 #: The official demo sizes each head's table at 5 x the tokenizer vocabulary (129280 * 5).
 VOCAB_MULTIPLE = 5
 
@@ -46,9 +54,12 @@ class EngramLayerConfig:
     #: Collapse token ids that normalise to the same text (NFKC, NFD, strip accents,
     #: lowercase, whitespace) before hashing; needs the run's tokenizer (bytes: built in).
     compression: bool = True
-    #: ``replicated`` (plain parameters), ``1d`` (rows split over all ranks) or ``2d`` (rows
-    #: split within groups of ``shard_degree`` ranks, replicated across groups).
-    sharding: str = "replicated"
+    #: ``replicated`` (plain parameters), ``1d`` (rows split over all ranks), ``2d`` (rows
+    #: split within groups of ``shard_degree`` ranks, replicated across groups) or ``auto``:
+    #: ``1d`` where the world has more than one rank and the tables' replicated training state
+    #: (16 bytes a parameter: weight, gradient, Adam's moments) exceeds
+    #: :data:`AUTO_SHARD_MIN_BYTES` (1 GiB) per rank, else ``replicated``; the plan says which.
+    sharding: str = "auto"
     #: Ranks per shard group for ``sharding=2d``.
     shard_degree: Optional[int] = None
     #: Learning-rate multiplier of the tables' own parameter group (the paper: Adam, 5x the
@@ -100,3 +111,38 @@ def vocab_sizes(cfg: EngramLayerConfig, vocab: int) -> list[int]:
     if cfg.vocab_size_per_ngram is not None:
         return list(cfg.vocab_size_per_ngram)
     return [VOCAB_MULTIPLE * vocab] * (cfg.max_ngram_size - 1)
+
+
+def rows_per_rank(num_rows: int, shards: int) -> int:
+    """Rows of the largest shard when ``num_rows`` rows are split over ``shards`` ranks
+    (``torch.chunk`` sizes, as sharded tables and FSDP2 split dimension 0)."""
+    return -(-num_rows // shards)
+
+
+def table_state_bytes_per_rank(
+    table_rows: list[int], dim: int, *, sharding: str, world: int, shard_degree: int | None = None, fsdp_shard: int = 1
+) -> int:
+    """Bytes of the tables' training state (:data:`STATE_BYTES_PER_PARAM` per parameter) on
+    the rank holding the most rows. ``table_rows``: rows of each layer's packed table.
+    ``replicated``: whole tables, or their ``fsdp_shard``-way FSDP shards (FSDP still gathers a
+    whole table, and makes its whole gradient, at each use); ``1d``: ``world``-way row shards;
+    ``2d``: ``shard_degree``-way."""
+    shards = {"replicated": fsdp_shard, "1d": world, "2d": shard_degree or 1}[sharding]
+    return sum(rows_per_rank(rows, shards) * dim for rows in table_rows) * STATE_BYTES_PER_PARAM
+
+
+def choose_sharding(cfg: EngramLayerConfig, *, world: int, table_params: int) -> tuple[str, str]:
+    """``(sharding, why)``: ``layers.engram.sharding``, with ``auto`` decided by the rule at
+    :data:`AUTO_SHARD_MIN_BYTES` (``world``: ranks; ``table_params``: all layers' tables)."""
+    if cfg.sharding != "auto":
+        return cfg.sharding, "chosen"
+    state = table_params * STATE_BYTES_PER_PARAM
+    limit = f"{AUTO_SHARD_MIN_BYTES / 2**30:g} GiB"
+    if world == 1:
+        return "replicated", "auto: one process"
+    if state <= AUTO_SHARD_MIN_BYTES:
+        return "replicated", (
+            f"auto: the tables' replicated state ({state / 2**20:,.1f} MiB a rank: weights, gradients, "
+            f"Adam's moments) is under {limit}"
+        )
+    return "1d", (f"auto: {world} ranks and {state / 2**30:,.2f} GiB of replicated table state a rank, over {limit}")

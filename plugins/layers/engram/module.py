@@ -169,9 +169,18 @@ class Engram(nn.Module):
         """Re-initialise the convolution (children initialise themselves)."""
         self._reset_conv()
 
+    def compute_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype the projections read the rows in: autocast's where it is on, else the
+        projections' (bfloat16 where FSDP gathers them in bfloat16)."""
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.value_proj.weight.dtype
+
     def embed(self, hash_ids: torch.Tensor) -> torch.Tensor:
-        """``e``: ``hash_ids[B, T, H] -> [B, T, d_mem]`` (heads concatenated)."""
-        return self.table(hash_ids).flatten(start_dim=-2)
+        """``e``: ``hash_ids[B, T, H] -> [B, T, d_mem]`` (heads concatenated). Sharded tables
+        move the rows in :meth:`compute_dtype`."""
+        wire = self.compute_dtype(hash_ids.device) if self.table.is_sharded else None
+        return self.table(hash_ids, wire_dtype=wire).flatten(start_dim=-2)
 
     def gate(self, hidden: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """``alpha``: ``[B, T, 1]``, strictly inside (0, 1)."""

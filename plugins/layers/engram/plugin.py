@@ -2,7 +2,11 @@
 
 Faithful to the official ``engram_demo_v1.py`` (tokenizer compression, multi-head n-gram
 hashing with per-layer primes, gated value + dilated causal convolution); tables replicated
-or sharded over ranks (``1d``/``2d``) with only the looked-up rows exchanged.
+or sharded over ranks (``1d``/``2d``) with only the looked-up rows exchanged, in the compute
+dtype. ``sharding=auto`` (the default) shards ``1d`` where there is more than one rank and the
+tables are large (:func:`~.config.choose_sharding`); :meth:`EngramLayer.resolve` records the
+choice as the plan's decision. It never picks ``2d``: that trades memory (1/``shard_degree``
+instead of 1/world) for all-to-alls within a node, a choice of the user's.
 
 One config: :class:`~.config.EngramLayerConfig` (``layers.engram``), validated here in
 :meth:`EngramLayer.resolve` and nowhere else; the OLMo-core-side ``EngramConfig`` and
@@ -20,8 +24,10 @@ from olmx.errors import ConfigError
 from olmx_plugins.layers.engram.config import (
     SHARDINGS,
     EngramLayerConfig,
+    choose_sharding,
     layer_ids,
     table_init_std,
+    table_state_bytes_per_rank,
     vocab_sizes,
 )
 
@@ -152,6 +158,16 @@ class EngramLayer(LayerPlugin):
         heads = (cfg.max_ngram_size - 1) * cfg.n_head_per_ngram
         tokens = run.trainer.global_batch_size * run.data.seq_len
         lookups = tokens * heads * len(ids)
+        sharding, why = choose_sharding(cfg, world=world.size, table_params=table_params)
+        state = table_state_bytes_per_rank(
+            [sum(s) for s in tables.values()],
+            dim,
+            sharding=sharding,
+            world=world.size,
+            shard_degree=cfg.shard_degree,
+            fsdp_shard=ctx.mesh.dp_shard if ctx.mesh.shards_params else 1,
+        )
+        wire = ctx.dtypes.compute_bytes
         rows = [
             ("Engram blocks", f"{ids} of {m.n_layers}"),
             (
@@ -165,12 +181,22 @@ class EngramLayer(LayerPlugin):
             ("lookups per step", f"{lookups:,} rows = {lookups * dim * 4 / 2**20:,.1f} MiB gathered"),
             (
                 "sharding",
-                cfg.sharding
+                f"{sharding} ({why})"
                 + (
                     ""
-                    if cfg.sharding == "replicated"
-                    else f": only looked-up rows cross ranks (<= {lookups * dim * 4 * 2 / 2**20:,.1f} "
-                    "MiB per step, forward + backward)"
+                    if sharding == "replicated"
+                    else f": only looked-up rows cross ranks, in {ctx.dtypes.param} (<= "
+                    f"{lookups * dim * wire * 2 / 2**20:,.1f} MiB per step, forward + backward)"
+                ),
+            ),
+            (
+                "table state per rank",
+                (f"{state / 2**30:,.2f} GiB" if state >= 2**30 else f"{state / 2**20:,.1f} MiB")
+                + " (fp32 weights, gradients, Adam's 2 moments)"
+                + (
+                    "; FSDP gathers each whole table and makes its whole gradient at each use"
+                    if sharding == "replicated" and ctx.mesh.shards_params and world.size > 1
+                    else ""
                 ),
             ),
             ("optimizer", self._optimizer_row(cfg, run.trainer)),
@@ -193,6 +219,7 @@ class EngramLayer(LayerPlugin):
             rows=rows,
             params=table_params + n * dense,
             active_params=n * (dense + heads * dim),
+            decisions={"sharding": sharding},
         )
 
     @staticmethod
@@ -202,6 +229,13 @@ class EngramLayer(LayerPlugin):
             f"tables: lr x {cfg.table_lr_multiplier:g}, weight decay {cfg.table_weight_decay:g}; conv, norm "
             f"gains, biases: weight decay {wd:g}; projections: the backbone's"
         )
+
+    def sharding(self, cfg: EngramLayerConfig, plan: Any) -> str:
+        """The tables' sharding the plan decided (``auto`` resolved by :meth:`resolve`)."""
+        decided = self.decided(plan).get("sharding")
+        if decided is not None:
+            return str(decided)
+        return "replicated" if cfg.sharding == "auto" else cfg.sharding
 
     def engram_config(self, cfg: EngramLayerConfig, plan: Any) -> Any:
         """The blocks' OLMo-core-side ``EngramConfig``, derived from ``cfg`` (validated by
@@ -220,7 +254,7 @@ class EngramLayer(LayerPlugin):
             seed=cfg.seed,
             zero_init_conv=cfg.zero_init_conv,
             table_init_std=table_init_std(cfg, plan.run.model.init_std),
-            sharding=TableSharding(cfg.sharding),
+            sharding=TableSharding(self.sharding(cfg, plan)),
             shard_degree=cfg.shard_degree,
         )
 

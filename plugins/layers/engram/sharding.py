@@ -23,7 +23,9 @@ matches how DDP/FSDP average the gradients of every other parameter when each ra
 normalised by its own tokens (OLMo-core's train module does so).
 
 Traffic depends on the number of lookups, never on the table size; every sharded table counts
-the bytes it sends to other ranks in :attr:`EngramTable.comm` (``TableCommStats``).
+the bytes it sends to other ranks in :attr:`EngramTable.comm` (``TableCommStats``). Rows and
+their gradients cross ranks in the compute dtype (``wire_dtype``: bfloat16 under bf16, half the
+bytes of float32); sums are taken, and the owners accumulate, in the table's float32.
 
 Sharded weights are ``DTensor`` parameters (``Shard(0)`` on the shard dimension,
 ``Replicate()`` on the replicate dimension), so distributed checkpoints see their global
@@ -185,7 +187,9 @@ def _all_to_all(inp: torch.Tensor, out_splits: list[int], in_splits: list[int], 
 
 class _ShardedLookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, local_weight: torch.Tensor, rows: torch.Tensor, ex: _Exchange) -> torch.Tensor:
+    def forward(
+        ctx, local_weight: torch.Tensor, rows: torch.Tensor, ex: _Exchange, wire_dtype: torch.dtype
+    ) -> torch.Tensor:
         uniq, inverse = torch.unique(rows, return_inverse=True)
         owners = torch.div(uniq, ex.block, rounding_mode="floor")
         send_counts = torch.bincount(owners, minlength=ex.shard_size)
@@ -194,54 +198,57 @@ class _ShardedLookup(torch.autograd.Function):
         send = send_counts.tolist()
         recv = recv_counts.tolist()
         local_rows = _all_to_all(uniq, recv, send, ex.shard_group) - ex.row_start
-        vectors = _all_to_all(local_weight[local_rows], send, recv, ex.shard_group)
+        # Rows travel in the compute dtype (what the projections read them in) and come back
+        # in the table's dtype, so what follows is unchanged.
+        vectors = _all_to_all(local_weight[local_rows].to(wire_dtype), send, recv, ex.shard_group)
 
         me, dim = ex.shard_rank, local_weight.shape[1]
-        elem = local_weight.element_size()
+        elem = vectors.element_size()
         ex.stats.forward_bytes += _ID_BYTES * ((ex.shard_size - 1) + sum(send) - send[me]) + elem * dim * (
             sum(recv) - recv[me]
         )
         ex.stats.lookups += rows.numel()
         ex.stats.unique_rows += uniq.numel()
 
-        ctx.ex, ctx.send, ctx.recv = ex, send, recv
-        ctx.local_shape = local_weight.shape
+        ctx.ex, ctx.send, ctx.recv, ctx.wire_dtype = ex, send, recv, wire_dtype
+        ctx.local_shape, ctx.local_dtype = local_weight.shape, local_weight.dtype
         ctx.save_for_backward(inverse, local_rows)
-        return vectors[inverse]
+        return vectors[inverse].to(local_weight.dtype)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         inverse, local_rows = ctx.saved_tensors
         ex: _Exchange = ctx.ex
         dim = grad_out.shape[-1]
-        grad_unique = grad_out.new_zeros(sum(ctx.send), dim)
-        grad_unique.index_add_(0, inverse, grad_out)
-        grad_owned = _all_to_all(grad_unique, ctx.recv, ctx.send, ex.shard_group)
-        elem = grad_out.element_size()
+        # Sums in the table's dtype; only the wire is in the compute dtype.
+        grad_unique = grad_out.new_zeros(sum(ctx.send), dim, dtype=ctx.local_dtype)
+        grad_unique.index_add_(0, inverse, grad_out.to(ctx.local_dtype))
+        grad_owned = _all_to_all(grad_unique.to(ctx.wire_dtype), ctx.recv, ctx.send, ex.shard_group)
+        elem = grad_owned.element_size()
         ex.stats.backward_bytes += elem * dim * (sum(ctx.send) - ctx.send[ex.shard_rank])
 
-        grad_local = grad_out.new_zeros(ctx.local_shape)
+        grad_local = grad_out.new_zeros(ctx.local_shape, dtype=ctx.local_dtype)
         if ex.replicate_group is None or ex.replicate_size == 1:
-            grad_local.index_add_(0, local_rows, grad_owned)
+            grad_local.index_add_(0, local_rows, grad_owned.to(ctx.local_dtype))
         else:
             touched, inv = torch.unique(local_rows, return_inverse=True)
-            grad_touched = grad_out.new_zeros(touched.numel(), dim).index_add_(0, inv, grad_owned)
+            grad_touched = grad_local.new_zeros(touched.numel(), dim).index_add_(0, inv, grad_owned.to(ctx.local_dtype))
             counts = _all_gather(torch.tensor([touched.numel()], device=touched.device), ex)
             pad = int(max(c.item() for c in counts))
             # all_gather needs equal shapes: pad with row 0 / zero gradients, sliced off below.
             rows_padded = touched.new_zeros(pad)
             rows_padded[: touched.numel()] = touched
-            grads_padded = grad_touched.new_zeros(pad, dim)
+            grads_padded = grad_owned.new_zeros(pad, dim)
             grads_padded[: touched.numel()] = grad_touched
             for n, rows_r, grads_r in zip(
                 counts, _all_gather(rows_padded, ex), _all_gather(grads_padded, ex), strict=True
             ):
                 n = int(n.item())
-                grad_local.index_add_(0, rows_r[:n], grads_r[:n])
+                grad_local.index_add_(0, rows_r[:n], grads_r[:n].to(ctx.local_dtype))
             ex.stats.backward_bytes += (ex.replicate_size - 1) * (_ID_BYTES + pad * (_ID_BYTES + elem * dim))
         if ex.grad_divide_factor != 1:
             grad_local.div_(ex.grad_divide_factor)
-        return grad_local, None, None
+        return grad_local, None, None, None
 
 
 def _all_gather(t: torch.Tensor, ex: _Exchange) -> list[torch.Tensor]:
@@ -363,12 +370,17 @@ class EngramTable(nn.Module):
             self._device_offsets[device] = self._offsets.to(device)
         return hash_ids + self._device_offsets[device]
 
-    def forward(self, hash_ids: torch.Tensor) -> torch.Tensor:
-        """Look up ``hash_ids[..., H]`` and return ``[..., H, dim]``."""
+    def forward(self, hash_ids: torch.Tensor, *, wire_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Look up ``hash_ids[..., H]`` and return ``[..., H, dim]`` in the table's dtype.
+
+        ``wire_dtype``: dtype the rows and their gradients cross ranks in (sharded tables; the
+        Engram module passes its compute dtype, bfloat16 under bf16); None: the table's. The
+        owners still add the gradients into a gradient of the table's dtype."""
         rows = self.rows(hash_ids)
         if self._exchange is None:
             return F.embedding(rows, self.weight)
-        flat = _ShardedLookup.apply(self.local_weight(), rows.reshape(-1), self._exchange)
+        local = self.local_weight()
+        flat = _ShardedLookup.apply(local, rows.reshape(-1), self._exchange, wire_dtype or local.dtype)
         return flat.view(*rows.shape, self.dim)
 
     def extra_repr(self) -> str:

@@ -124,3 +124,14 @@ def test_rejects_inconsistent_sizes():
         Engram(d_model=8, table_sizes=[11, 13], max_ngram_size=3, n_head_per_ngram=2, n_embed_per_ngram=4)
     with pytest.raises(ValueError, match="divisible"):
         Engram(d_model=8, table_sizes=[11, 13, 17, 19], max_ngram_size=3, n_head_per_ngram=2, n_embed_per_ngram=5)
+
+
+def test_compute_dtype_is_autocasts_else_the_projections():
+    """The dtype sharded tables move their rows in (``EngramTable(wire_dtype=...)``)."""
+    _, engram = _setup()
+    cpu = torch.device("cpu")
+    assert engram.compute_dtype(cpu) == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert engram.compute_dtype(cpu) == torch.bfloat16
+    engram.value_proj.to(torch.bfloat16)  # as FSDP gathers it under bf16
+    assert engram.compute_dtype(cpu) == torch.bfloat16

@@ -105,6 +105,60 @@ def test_experiments_resolve(tmp_path, monkeypatch):
     assert "dp_replicate=1 x dp_shard=4" in out.stdout and "bfloat16" in out.stdout
 
 
+#: Tables just over ``sharding=auto``'s 1 GiB of replicated state a rank: 16 heads x ~600,000
+#: rows x 8 = ~77M parameters x 16 bytes.
+LARGE_TABLES = "layers.engram.vocab_size_per_ngram=[600000,600000]"
+
+
+@pytest.mark.parametrize(
+    ("procs", "layout"),
+    [
+        (1, ["parallel=[]"]),
+        (2, ["parallel=[ddp]"]),
+        (2, ["parallel=[fsdp]"]),
+        (4, ["parallel=[hsdp]", "parallel.hsdp.shard_degree=2"]),
+        (2, ["parallel=[fsdp,ulysses]"]),
+        (4, ["parallel=[ddp,ulysses]"]),
+        (4, ["parallel=[ddp_ep]", "layers=[moe,engram]", "layers.moe.num_experts=4"]),
+        (
+            4,
+            [
+                "parallel=[hsdp]",
+                "parallel.hsdp.expert_parallel=true",
+                "layers=[moe,engram]",
+                "layers.moe.num_experts=4",
+            ],
+        ),
+    ],
+)
+def test_auto_sharding_shards_large_tables_of_several_ranks_and_the_plan_accepts_it(procs, layout):
+    """``sharding=auto`` (the default): ``1d`` where there is more than one rank and the tables'
+    replicated state passes 1 GiB a rank, else ``replicated``; every choice on this grid of
+    layouts resolves, is saved as the plan's decision and builds the tables it names."""
+    from olmx.config.compose import compose, to_object
+    from olmx.plan.resolve import resolve
+    from olmx.registry import registry
+    from olmx_plugins.layers.engram.plugin import ENGRAM
+
+    reg = registry()
+    for large in (False, True):
+        overrides = [
+            *TINY,
+            "trainer.micro_batch_size=2",
+            f"infra.nproc_per_node={procs}",
+            *layout,
+            *([LARGE_TABLES] if large else []),
+        ]
+        run = to_object(compose(overrides, reg), reg)
+        assert run.layers["engram"].sharding == "auto"
+        plan = resolve(run, reg)
+        expected = "1d" if procs > 1 and large else "replicated"
+        assert plan.decisions["layers.engram"] == {"sharding": expected}
+        row = dict(plan.sections["layers.engram"])["sharding"]
+        assert row.startswith(f"{expected} (auto: ")
+        assert ENGRAM.engram_config(run.layers["engram"], plan).sharding == expected
+
+
 #: The 2-process run with 1d-sharded tables: 6 steps, checkpoints at steps 3 and 6.
 SHARDED_1D = ["parallel=[ddp]", "layers.engram.sharding=1d", "trainer.save_interval=3"]
 TABLE_KEY = "model.blocks.1.engram.table.weight"
