@@ -217,6 +217,12 @@ class Contribution:
     #: for one token.
     params: int = 0
     active_params: int = 0
+    #: Of ``params``, those the plugin spreads over ranks itself, outside DDP/FSDP (sharded
+    #: Engram tables, experts under expert parallelism), and over how many ranks: each rank
+    #: holds ``sharded_params / sharded_over`` of them with their gradients and optimizer
+    #: state. The plan's memory estimate reads it.
+    sharded_params: int = 0
+    sharded_over: int = 1
     #: Decisions made here (plain data: str, int, float, bool, lists, dicts), saved in the plan
     #: and read back at build time with :meth:`Plugin.decided` instead of being recomputed.
     decisions: dict[str, Any] = field(default_factory=dict)

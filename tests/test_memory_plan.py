@@ -100,3 +100,27 @@ def test_more_cpu_processes_than_cores_is_a_plan_warning(tmp_path, monkeypatch) 
     from olmx.plan import Plan
 
     assert Plan.load(saved).world == crowded.world  # the world, warnings included, survives plan.yaml
+
+
+def test_tables_and_experts_that_plugins_shard_count_once_per_rank(tmp_path) -> None:
+    gpus = [*H100, "infra.gpus_per_node=8", "trainer.global_batch_size=64"]
+    big = [
+        "layers=[engram]",
+        "layers.engram.vocab_size_per_ngram=[400000,400000]",
+        "layers.engram.n_embed_per_ngram=512",
+    ]
+    backbone = plan(tmp_path, *gpus).params.total
+    replicated = plan(tmp_path, *gpus, *big, "layers.engram.sharding=replicated")
+    sharded = plan(tmp_path, *gpus, *big)  # auto: 1d, the tables' replicated state is over 1 GiB a rank
+    assert dict(sharded.sections["layers.engram"])["sharding"].startswith("1d (auto")
+
+    def gib(p) -> float:
+        value, unit = dict(p.sections["memory"])["parameters"].split()[:2]
+        return float(value) / (1024 if unit == "MiB" else 1)
+
+    tables = replicated.params.total - backbone  # (and Engram's few dense weights)
+    assert gib(replicated) == pytest.approx(4 * replicated.params.total / 2**30, abs=0.01)
+    assert gib(sharded) == pytest.approx(4 * (backbone + tables / 8) / 2**30, rel=0.02)
+    moe = ["layers=[moe]", "layers.moe.num_experts=8", "parallel=[ddp_ep]", "parallel.ddp_ep.degree=8"]
+    ep, dense_ep = plan(tmp_path, *gpus, *moe), plan(tmp_path, *gpus, *moe[:2])
+    assert gib(ep) < gib(dense_ep) / 2  # each rank holds 1 of the 8 experts of every MoE block

@@ -62,13 +62,23 @@ class MemoryEstimate:
 
 
 def estimate(
-    run: RunConfig, mesh: Mesh, total_params: int, vocab: int, param_dtype: str, device: str = "cuda"
+    run: RunConfig,
+    mesh: Mesh,
+    total_params: int,
+    vocab: int,
+    param_dtype: str,
+    device: str = "cuda",
+    sharded: tuple[tuple[int, int], ...] = (),
 ) -> MemoryEstimate:
-    """The estimate for one process of the run on ``device`` (see the module docstring)."""
+    """The estimate for one process of the run on ``device`` (see the module docstring);
+    ``sharded`` lists ``(parameters, ranks)`` that plugins spread over ranks themselves
+    (:attr:`olmx.api.Contribution.sharded_params`)."""
     m, t = run.model, run.trainer
     b = _DTYPE_BYTES.get(param_dtype, 4)
     shard = mesh.dp_shard if mesh.shards_params else 1
-    params = 4 * total_params // shard
+    own = sum(n for n, _ in sharded)
+    params = 4 * (total_params - own) // shard + sum(4 * n // max(1, over) for n, over in sharded)
+    total_params -= own  # what DDP/FSDP hold
     grads = params
     optimizer = 2 * params
     d, h = m.d_model, m.hidden_size
@@ -116,14 +126,22 @@ def rows(est: MemoryEstimate, world: World) -> list[tuple[str, str]]:
     return out
 
 
-def check(run: RunConfig, mesh: Mesh, world: World, total_params: int, vocab: int, param_dtype: str) -> list[str]:
+def check(
+    run: RunConfig,
+    mesh: Mesh,
+    world: World,
+    total_params: int,
+    vocab: int,
+    param_dtype: str,
+    sharded: tuple[tuple[int, int], ...] = (),
+) -> list[str]:
     """ConfigError when the estimated peak exceeds a GPU's memory, naming the cheapest change
     that fits; on CPUs (RAM shared with the system, swap) a warning instead (returned)."""
     from dataclasses import replace
 
     from olmx.errors import ConfigError
 
-    est = estimate(run, mesh, total_params, vocab, param_dtype, world.device)
+    est = estimate(run, mesh, total_params, vocab, param_dtype, world.device, sharded)
     cap = world.device_memory_gib
     if cap is None or est.peak <= cap * GIB:
         return []
@@ -150,7 +168,7 @@ def check(run: RunConfig, mesh: Mesh, world: World, total_params: int, vocab: in
         (
             f"{change} (estimated {gib(e.peak)})"
             for change, r, m in tries
-            if (e := estimate(r, m, total_params, vocab, param_dtype, world.device)).peak <= cap * GIB
+            if (e := estimate(r, m, total_params, vocab, param_dtype, world.device, sharded)).peak <= cap * GIB
         ),
         "more processes to shard over, a smaller model or a shorter data.seq_len",
     )

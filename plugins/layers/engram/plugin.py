@@ -219,6 +219,8 @@ class EngramLayer(LayerPlugin):
             rows=rows,
             params=table_params + n * dense,
             active_params=n * (dense + heads * dim),
+            sharded_params=0 if sharding == "replicated" else table_params,
+            sharded_over=world.size if sharding == "1d" else (cfg.shard_degree or 1),
             decisions={"sharding": sharding},
         )
 

@@ -180,6 +180,9 @@ class MoELayer(LayerPlugin):
             rows=rows,
             params=len(blocks) * (per_block - dense),
             active_params=len(blocks) * (active - dense),
+            # expert parallelism over replicated (DDP) parameters: each rank holds its experts
+            sharded_params=len(blocks) * 3 * cfg.num_experts * d * h if mesh.ep > 1 and not mesh.shards_params else 0,
+            sharded_over=mesh.ep,
             decisions={"backend": backend},
         )
 
