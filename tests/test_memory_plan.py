@@ -124,3 +124,18 @@ def test_tables_and_experts_that_plugins_shard_count_once_per_rank(tmp_path) -> 
     moe = ["layers=[moe]", "layers.moe.num_experts=8", "parallel=[ddp_ep]", "parallel.ddp_ep.degree=8"]
     ep, dense_ep = plan(tmp_path, *gpus, *moe), plan(tmp_path, *gpus, *moe[:2])
     assert gib(ep) < gib(dense_ep) / 2  # each rank holds 1 of the 8 experts of every MoE block
+
+
+def test_ddp_on_eight_gpus_that_does_not_fit_is_told_to_shard(tmp_path) -> None:
+    args = [
+        *H100,
+        "infra.gpus_per_node=8",
+        "model=olmo3_7b",
+        "trainer.global_batch_size=8",
+        "trainer.micro_batch_size=1",
+    ]
+    args += ["data.seq_len=512", "trainer.activation_checkpointing=full"]
+    with pytest.raises(ConfigError, match=r"cheapest change that fits: parallel=\[fsdp\]"):
+        plan(tmp_path, *args)
+    fits = plan(tmp_path, *args, "parallel=[fsdp]")
+    assert "of 80 GiB per process" in dict(fits.sections["memory"])["estimated peak"]

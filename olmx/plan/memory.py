@@ -162,8 +162,8 @@ def check(
             (f"trainer.micro_batch_size={micro}", replace(run, trainer=replace(t, micro_batch_size=micro)), mesh)
         )
     if mesh.dp > 1 and not mesh.shards_params:
-        sharded = replace(mesh, dp_replicate=1, dp_shard=mesh.dp, shards_params=True)
-        tries.append(("parallel=[fsdp] (shard parameters, gradients and optimizer state)", run, sharded))
+        fsdp_mesh = replace(mesh, dp_replicate=1, dp_shard=mesh.dp, shards_params=True)
+        tries.append(("parallel=[fsdp] (shard parameters, gradients and optimizer state)", run, fsdp_mesh))
     fix = next(
         (
             f"{change} (estimated {gib(e.peak)})"
