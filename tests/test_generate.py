@@ -10,7 +10,7 @@ import pytest
 from olmx.errors import ConfigError
 from olmx.generate import Sampling, generate
 from tests.conftest import olmx_cli
-from tests.test_training import SMALL
+from tests.test_training import train
 
 pytestmark = pytest.mark.dist
 PATTERN = "abcdefgh"
@@ -27,19 +27,9 @@ def pattern_run(tmp_path_factory) -> Path:
     corpus = root / "abc.txt"
     corpus.write_text(PATTERN * 4000)
     run = root / "run"
-    proc = olmx_cli(
-        "train",
-        *SMALL,
-        "data=text",
-        f"data.paths=[{corpus}]",
-        "parallel=[fsdp]",
-        "infra.nproc_per_node=2",
-        "trainer.max_steps=30",
-        "trainer.save_interval=15",
-        f"trainer.run_dir={run}",
-        env={"OLMX_CACHE_DIR": str(root / "cache")},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cache = {"OLMX_CACHE_DIR": str(root / "cache")}
+    overrides = ["data=text", f"data.paths=[{corpus}]", "parallel=[fsdp]", "infra.nproc_per_node=2"]
+    train(run, cache, *overrides, "trainer.max_steps=30", "trainer.save_interval=15")
     return run
 
 
@@ -84,17 +74,10 @@ def test_bad_options_name_their_option(pattern_run, call, key, match) -> None:
 
 def test_engram_with_sharded_tables_and_moe_generate_in_one_process(tmp_path) -> None:
     run = tmp_path / "run"
-    proc = olmx_cli(
-        "train",
-        *SMALL,
-        "layers=[engram,moe]",
-        "layers.engram.sharding=1d",
-        "infra.nproc_per_node=2",
-        "trainer.max_steps=2",
-        f"trainer.run_dir={run}",
-        env={"OLMX_CACHE_DIR": str(tmp_path / "cache")},
+    cache = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
+    train(
+        run, cache, "layers=[engram,moe]", "layers.engram.sharding=1d", "infra.nproc_per_node=2", "trainer.max_steps=2"
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     greedy = Sampling(max_new_tokens=16, temperature=0)
     text, step = generate(run, "def main(", greedy)
     assert step == 2 and len(text) <= 16  # at most 16 bytes, each at most one character

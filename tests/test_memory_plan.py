@@ -63,11 +63,17 @@ def test_on_cpus_too_little_ram_is_a_warning_not_a_refusal(tmp_path) -> None:
     p = plan(tmp_path, "infra.nproc_per_node=1", "model=olmo3_1b")
     base = _estimate(p)
     small = dataclasses.replace(p.world, device_memory_gib=1.0)
-    warnings = memory.check(p.run, p.mesh, small, p.params.total, p.vocab_size, p.dtypes.param)
+    warnings = memory.check(base, p.run, p.mesh, small, p.params.total, p.vocab_size, p.dtypes.param)
     assert len(warnings) == 1 and f"estimated peak {memory.gib(base.peak)} per process" in warnings[0]
     assert (
         memory.check(
-            p.run, p.mesh, dataclasses.replace(small, device_memory_gib=1e6), p.params.total, p.vocab_size, "float32"
+            base,
+            p.run,
+            p.mesh,
+            dataclasses.replace(small, device_memory_gib=1e6),
+            p.params.total,
+            p.vocab_size,
+            "float32",
         )
         == []
     )

@@ -127,6 +127,7 @@ def rows(est: MemoryEstimate, world: World) -> list[tuple[str, str]]:
 
 
 def check(
+    est: MemoryEstimate,
     run: RunConfig,
     mesh: Mesh,
     world: World,
@@ -141,7 +142,6 @@ def check(
 
     from olmx.errors import ConfigError
 
-    est = estimate(run, mesh, total_params, vocab, param_dtype, world.device, sharded)
     cap = world.device_memory_gib
     if cap is None or est.peak <= cap * GIB:
         return []

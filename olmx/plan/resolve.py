@@ -104,8 +104,9 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     from olmx.plan import memory
 
     sharded = tuple((c.sharded_params, c.sharded_over) for c in contributions.values() if c.sharded_params)
-    mem_warnings = memory.check(run, mesh, world, params.total, vocab, dtypes.param, sharded)
-    mem_rows = memory.rows(memory.estimate(run, mesh, params.total, vocab, dtypes.param, world.device, sharded), world)
+    est = memory.estimate(run, mesh, params.total, vocab, dtypes.param, world.device, sharded)
+    mem_warnings = memory.check(est, run, mesh, world, params.total, vocab, dtypes.param, sharded)
+    mem_rows = memory.rows(est, world)
     run_dir = _run_dir(run, now or datetime.now())
     resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
     if resume_step is not None:
