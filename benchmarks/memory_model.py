@@ -1,121 +1,352 @@
-"""The plan's memory estimate (``olmx.plan.memory``) against measured peaks, on CPU.
+"""The plan's memory estimate (``olmx.plan.memory``) against measured peaks, per strategy.
 
-Each configuration is trained for 3 steps with ``olmx train`` (real processes, gloo); the
-measured peak is the largest ``peak_mem_mib`` of any process in ``summary.json`` (max RSS on
-CPU), minus the peak of a near-empty model run the same way (the interpreter, torch and
-OLMo-core). The estimate is the plan's, for a CPU world. Prints a table; append it to
-``benchmarks/results/memory.md`` by hand with the machine's load.
+Each configuration is trained for 2 steps with ``olmx train`` (real processes; gloo on CPU);
+the measured peak is the largest ``peak_mem_mib`` of any process in ``summary.json``: on CPU
+the resident-set high-water mark minus that of a near-empty model run the same way (the
+interpreter, torch, OLMo-core, the data loader), with glibc returning freed blocks
+(``MALLOC_MMAP_THRESHOLD_=65536``) so that it follows the live tensors; on CUDA ``torch.cuda.max_memory_allocated``
+(each run is a fresh process, so the allocator's peak starts at zero; no baseline is taken off).
+The estimate is the plan's own (``olmx train --dry-run`` computes the same), for the device of
+the machine it runs on. The rows are split into those the estimate's constants were fitted on
+and those held out (predicted): the ratio ``measured / estimate`` is reported for both.
 
-    .venv/bin/python benchmarks/memory_model.py [--keep DIR]
+Prints the table and writes it, with the other device's rows when an earlier run recorded
+them, to ``benchmarks/results/memory_model.md`` (raw numbers in ``memory_model.json``, which
+a run on the other device merges with). A row that needs more GPUs than the machine has is
+skipped there. ``--estimate-only`` recomputes the estimates of the recorded rows after a
+change to the memory model, measuring nothing. All 21 rows take about 30 minutes on 2 shared
+CPU cores; the 1-process rows on one GPU a few minutes.
+
+    .venv/bin/python benchmarks/memory_model.py [--only SUBSTRING ...] [--keep DIR] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 OLMX = [sys.executable, "-m", "olmx"]
-COMMON = ["trainer.report=false", "trainer.max_steps=3", "trainer.save_interval=1000", "trainer.warmup_steps=1"]
+# Step 2 is the first whose backward pass has the optimizer state (created in step 1's step).
+# Eager (torch.compile changes what is saved for backward) and the same rows on every device.
+COMMON = ["trainer.report=false", "trainer.max_steps=2", "trainer.save_interval=1000", "trainer.warmup_steps=1"]
+COMMON += ["trainer.compile=false"]
 MID = ["model.d_model=512", "model.n_layers=4", "model.hidden_size=2048", "model.n_heads=8"]
 WIDE = ["model.d_model=1024", "model.n_layers=8", "model.hidden_size=4096", "model.n_heads=16"]
-ONE = ["infra.nproc_per_node=1"]
-TWO = ["infra.nproc_per_node=2"]
-BASE = [*ONE, "model.d_model=32", "model.n_layers=1", "model.hidden_size=64", "model.n_heads=2", "data.seq_len=16"]
-BASE += ["trainer.global_batch_size=1", "trainer.micro_batch_size=1"]
-CONFIGS = {
-    "1 proc, 17M, 4 x 512 tokens": [
-        *ONE,
-        *MID,
-        "data.seq_len=512",
-        "trainer.global_batch_size=4",
-        "trainer.micro_batch_size=4",
-    ],
-    "1 proc, 17M, 4 x 2048 tokens": [
-        *ONE,
-        *MID,
-        "data.seq_len=2048",
-        "trainer.global_batch_size=4",
-        "trainer.micro_batch_size=4",
-    ],
-    "1 proc, 17M, 4 x 2048, AC full": [
-        *ONE,
-        *MID,
-        "data.seq_len=2048",
-        "trainer.global_batch_size=4",
-        "trainer.micro_batch_size=4",
-        "trainer.activation_checkpointing=full",
-    ],
-    "1 proc, 135M, 1 x 128 tokens": [
-        *ONE,
-        *WIDE,
-        "data.seq_len=128",
-        "trainer.global_batch_size=1",
-        "trainer.micro_batch_size=1",
-    ],
-    "2 proc DDP, 135M": [
-        *TWO,
-        "parallel=[ddp]",
-        *WIDE,
-        "data.seq_len=128",
-        "trainer.global_batch_size=2",
-        "trainer.micro_batch_size=1",
-    ],
-    "2 proc FSDP, 135M": [
-        *TWO,
-        "parallel=[fsdp]",
-        *WIDE,
-        "data.seq_len=128",
-        "trainer.global_batch_size=2",
-        "trainer.micro_batch_size=1",
-    ],
-}
+BASE = ["model.d_model=32", "model.n_layers=1", "model.hidden_size=64", "model.n_heads=2", "data.seq_len=16"]
+BASE += ["infra.nproc_per_node=1", "trainer.global_batch_size=1", "trainer.micro_batch_size=1"]
+MIB = 1 << 20
+# glibc serves allocations above 64 KiB with mmap, so freed tensors go back to the OS and the
+# resident-set high-water mark follows the live tensors (inherited by torchrun's workers).
+os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
 
 
-def measured_mib(overrides: list[str], run_dir: Path) -> float:
-    """The largest per-process peak of a 3-step run."""
-    proc = subprocess.run(
-        [*OLMX, "train", *COMMON, *overrides, f"trainer.run_dir={run_dir}"], capture_output=True, text=True
-    )
+def _no_eval() -> list[str]:
+    """Evaluation off where this olmx has it: it only adds time (no memory above training's)."""
+    from dataclasses import fields
+
+    from olmx.config.schema import RunConfig
+
+    return ["eval.interval=0"] if "eval" in {f.name for f in fields(RunConfig)} else []
+
+
+COMMON += _no_eval()
+
+
+def procs(n: int) -> list[str]:
+    """``n`` processes on this machine."""
+    return [f"infra.nproc_per_node={n}"]
+
+
+def batch(seq_len: int, micro: int, ranks: int = 1) -> list[str]:
+    """``micro`` sequences of ``seq_len`` per data-parallel rank, one micro-batch per step."""
+    return [
+        f"data.seq_len={seq_len}",
+        f"trainer.global_batch_size={micro * ranks}",
+        f"trainer.micro_batch_size={micro}",
+    ]
+
+
+MOE = ["layers=[moe]", "layers.moe.num_experts=4", "layers.moe.top_k=2", "layers.moe.hidden_size=1024"]
+ENGRAM = ["layers=[engram]", "layers.engram.layer_ids=[1]", "layers.engram.vocab_size_per_ngram=[20000,20000]"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured configuration."""
+
+    name: str
+    overrides: list[str]
+    #: The estimate's constants were fitted on this row (False: held out, predicted).
+    fitted: bool
+
+    @property
+    def args(self) -> list[str]:
+        """The overrides, float32 unless the case names a precision (``auto`` is bf16 on GPUs)."""
+        own = any(o.startswith("precision=") for o in self.overrides)
+        return [*COMMON, *self.overrides, *([] if own else ["precision=fp32"])]
+
+    @property
+    def nproc(self) -> int:
+        """Processes the run starts."""
+        return int(next(o for o in self.overrides if o.startswith("infra.nproc_per_node=")).split("=")[1])
+
+
+CASES = [
+    Case("1 proc, 17M, 4 x 512 tokens", [*procs(1), *MID, *batch(512, 4)], True),
+    Case("1 proc, 17M, 4 x 2048 tokens", [*procs(1), *MID, *batch(2048, 4)], True),
+    Case(
+        "1 proc, 17M, 4 x 2048, AC full",
+        [*procs(1), *MID, *batch(2048, 4), "trainer.activation_checkpointing=full"],
+        True,
+    ),
+    Case("1 proc, 135M, 1 x 128 tokens", [*procs(1), *WIDE, *batch(128, 1)], True),
+    Case("2 proc DDP, 135M", [*procs(2), "parallel=[ddp]", *WIDE, *batch(128, 1, 2)], True),
+    Case("2 proc FSDP, 135M", [*procs(2), "parallel=[fsdp]", *WIDE, *batch(128, 1, 2)], True),
+    Case("1 proc, 17M, 4 x 512, bf16", [*procs(1), *MID, *batch(512, 4), "precision=bf16"], True),
+    Case("2 proc ddp+ulysses 2, 17M, 4 x 2048", [*procs(2), "parallel=[ddp,ulysses]", *MID, *batch(2048, 4)], True),
+    Case("2 proc DDP, MoE 4 experts", [*procs(2), "parallel=[ddp]", *MID, *MOE, *batch(512, 4, 2)], True),
+    Case("1 proc, Engram 2 x 20k x 8 heads", [*procs(1), *MID, *ENGRAM, *batch(512, 4)], True),
+    # held out at first (0.87 of the measured peak); then the long_context term was recounted
+    Case(
+        "1 proc, 17M, 4 x 2048, AC long_context",
+        [*procs(1), *MID, *batch(2048, 4), "trainer.activation_checkpointing=long_context"],
+        True,
+    ),
+    # held out at first (0.71): OLMo-core shards FSDP over dp x cp, which the estimate missed
+    Case(
+        "2 proc fsdp+ulysses 2, 4 x 2048, AC long_context",
+        [
+            *procs(2),
+            "parallel=[fsdp,ulysses]",
+            *MID,
+            *batch(2048, 4),
+            "trainer.activation_checkpointing=long_context",
+        ],
+        True,
+    ),
+    # held out: predicted by the constants fitted above
+    Case("1 proc, 17M, 4 x 2048, bf16", [*procs(1), *MID, *batch(2048, 4), "precision=bf16"], False),
+    Case(
+        "2 proc FSDP, 17M, 4 x 512, bf16",
+        [*procs(2), "parallel=[fsdp]", *MID, *batch(512, 4, 2), "precision=bf16"],
+        False,
+    ),
+    Case(
+        "2 proc ddp+ulysses 1, 17M, 4 x 2048",
+        [*procs(2), "parallel=[ddp,ulysses]", "parallel.ulysses.degree=1", *MID, *batch(2048, 4, 2)],
+        False,
+    ),
+    Case(
+        "4 proc ddp+ulysses 4, 17M GQA 2 kv, 4 x 2048",
+        [*procs(4), "parallel=[ddp,ulysses]", "parallel.ulysses.degree=4", *MID, "model.n_kv_heads=2", *batch(2048, 4)],
+        False,
+    ),
+    Case(
+        "4 proc HSDP 2 x 2, 17M, 4 x 512",
+        [*procs(4), "parallel=[hsdp]", "parallel.hsdp.shard_degree=2", *MID, *batch(512, 4, 4)],
+        False,
+    ),
+    Case(
+        "2 proc FSDP, 17M, 4 x 2048, AC full",
+        [*procs(2), "parallel=[fsdp]", *MID, *batch(2048, 4, 2), "trainer.activation_checkpointing=full"],
+        False,
+    ),
+    Case("2 proc ddp_ep 2, MoE 4 experts", [*procs(2), "parallel=[ddp_ep]", *MID, *MOE, *batch(512, 4, 2)], False),
+    Case(
+        "1 proc, MoE 4 experts, AC full",
+        [*procs(1), *MID, *MOE, *batch(512, 4), "trainer.activation_checkpointing=full"],
+        False,
+    ),
+    Case(
+        "2 proc DDP, Engram sharded 1d",
+        [*procs(2), "parallel=[ddp]", *MID, *ENGRAM, "layers.engram.sharding=1d", *batch(512, 4, 2)],
+        False,
+    ),
+]
+
+
+def measured_mib(args: list[str], run_dir: Path) -> float:
+    """The largest per-process peak of a run."""
+    proc = subprocess.run([*OLMX, "train", *args, f"trainer.run_dir={run_dir}"], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{overrides}: olmx train failed:\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"{args}: olmx train failed:\n{proc.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     return max(p["peak_mem_mib"] for p in summary["processes"])
 
 
-def estimated_mib(overrides: list[str], run_dir: Path) -> tuple[float, float, float]:
-    """``(model state, activations, total)`` of the plan's estimate, in MiB."""
+def estimated(args: list[str], run_dir: Path) -> tuple[str, dict[str, float]]:
+    """The plan's device and its memory estimate's terms, in MiB."""
     from olmx.config.compose import compose, to_object
-    from olmx.plan.memory import estimate
+    from olmx.plan.resolve import estimated as plan_estimate
     from olmx.plan.resolve import resolve
     from olmx.registry import registry
 
     reg = registry()
-    plan = resolve(to_object(compose([*COMMON, *overrides, f"trainer.run_dir={run_dir}"], reg), reg), reg)
-    e = estimate(plan.run, plan.mesh, plan.params.total, plan.vocab_size, plan.dtypes.param, plan.world.device)
-    mib = 1 << 20
-    return (e.params + e.grads + e.optimizer + e.buffers) / mib, e.activations / mib, e.peak / mib
+    plan = resolve(to_object(compose([*args, f"trainer.run_dir={run_dir}"], reg), reg), reg)
+    e = plan_estimate(plan.run, plan.world, reg).est
+    return plan.world.device, {
+        "state": (e.params + e.grads + e.optimizer + e.buffers) / MIB,
+        "activations": e.activations / MIB,
+        "estimate": e.peak / MIB,
+    }
+
+
+def gpus() -> int:
+    """CUDA devices here (0 without CUDA), without importing torch into this process."""
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def table(record: dict[str, dict[str, dict[str, float]]]) -> str:
+    """The markdown table of every case, with a column group per device recorded."""
+    devices = [d for d in ("cpu", "cuda") if d in record]
+    head = "| configuration | set |"
+    rule = "|---|---|"
+    for d in devices:
+        what = "measured - base" if d == "cpu" else "max allocated"
+        head += f" {d}: state + buffers | {d}: activations | {d}: estimate | {d}: {what} | {d}: measured / estimate |"
+        rule += "---:|---:|---:|---:|---:|"
+    lines = [head, rule]
+    for case in CASES:
+        row = f"| {case.name} | {'fitted' if case.fitted else 'held out'} |"
+        for d in devices:
+            r = record[d].get(case.name)
+            if r is None:
+                row += " | | | skipped | |"
+            else:
+                cells = [f"{r[k]:.0f}" for k in ("state", "activations", "estimate", "measured")]
+                row += " " + " | ".join([*cells, f"{r['measured'] / r['estimate']:.2f}"]) + " |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def summary(record: dict[str, dict[str, dict[str, float]]]) -> str:
+    """Per device and set: the range of the ratios and how many rows are within 15%."""
+    out = []
+    for d, rows in record.items():
+        for fitted in (True, False):
+            ratios = [r["measured"] / r["estimate"] for c in CASES if c.fitted == fitted and (r := rows.get(c.name))]
+            if ratios:
+                within = sum(abs(x - 1) <= 0.15 for x in ratios)
+                out.append(
+                    f"- {d}, {'fitted' if fitted else 'held out'}: {len(ratios)} rows, measured / estimate "
+                    f"{min(ratios):.2f}-{max(ratios):.2f}, {within} of {len(ratios)} within 15%"
+                )
+    return "\n".join(out)
+
+
+def write(record: dict, meta: dict, out: Path) -> None:
+    """``memory_model.json`` (raw) and ``memory_model.md`` (the record collect_results.py reads)."""
+    (out / "memory_model.json").write_text(json.dumps({"meta": meta, "rows": record}, indent=1) + "\n")
+    when = "; ".join(f"{d}: {m}" for d, m in meta.items())
+    text = f"""# Memory: the plan's estimate against measured peaks, across strategies
+
+Script: `benchmarks/memory_model.py` (`.venv/bin/python benchmarks/memory_model.py`; it writes
+this file). Recorded: {when}.
+
+Method: each configuration trains 2 steps with `olmx train` (real processes, gloo on CPU,
+eager, OLMo-core's SkipStepAdamW, one micro-batch per step; step 2 is the first whose backward
+pass has the optimizer state). Measured: the largest `peak_mem_mib` of any process in
+`summary.json`; on CPU the resident-set high-water mark minus that of a near-empty model run
+the same way (the interpreter, torch, OLMo-core, the data loader), with glibc told to serve
+allocations above 64 KiB with mmap (`MALLOC_MMAP_THRESHOLD_=65536`) so that freed tensors leave
+the process and resident memory follows the live tensors; on CUDA
+`torch.cuda.max_memory_allocated` of a fresh process (live tensors too). Estimate: `olmx.plan.memory.estimate`
+of the plan for the same overrides (what `olmx train --dry-run` prints under `memory`), for the
+device it ran on; "state + buffers" is parameters, gradients, optimizer state and buffers. MiB
+per process. Vocabulary 384 (byte-level, padded); "17M" = d_model 512, 4 blocks of 8 heads,
+SwiGLU 2048; "135M" = d_model 1024, 8 blocks, SwiGLU 4096; MoE = 4 experts of SwiGLU 1024,
+top-2, in every block; Engram = block 1, orders 2 and 3 x 8 heads x ~20k rows x 64 (20.5M
+table parameters). "fitted": the estimate's constants were chosen on these rows (the tensor
+counts themselves come from autograd's saved-tensor hooks on the OLMo-core, MoE and Engram
+blocks; what the rows decided is in `olmx/plan/memory.py`: the backward transient, one copy of
+optimizer temporaries, FSDP's two gathered blocks on CPU too, no DDP bucket, no Ulysses
+all-to-all buffer at the peak); "held out": predicted, nothing was tuned on them.
+
+{table(record)}
+
+{summary(record)}
+
+With glibc's default heap (no `MALLOC_MMAP_THRESHOLD_`), resident memory is not the live
+tensors: freed activation blocks stay in the process. An earlier run of this script that way
+(2026-12-02 04:16 UTC, same machine) measured, above the same baseline, 963 / 2955 / 1829 /
+2952 / 2873 / 2242 / 772 / 1866 MiB for the first 8 rows above, 1.1-2.1x the live peaks here
+(2.1x with full checkpointing, whose recompute churns the heap most), and varied by up to 20%
+between runs (the 2-process FSDP row: 1888 and 2242 MiB). The estimate is of live tensors: on
+GPUs that is what `torch.cuda.max_memory_allocated` counts; CPU runs that must not exceed their
+RAM can set `MALLOC_MMAP_THRESHOLD_=65536` for the workers.
+"""
+    (out / "memory_model.md").write_text(text)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", help="Run only the configurations whose name contains one of these.")
     parser.add_argument("--keep", type=Path, help="Keep the run directories here.")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="Where memory_model.{md,json} go.")
+    parser.add_argument(
+        "--estimate-only",
+        action="store_true",
+        help="Recompute the estimates of the recorded rows (after a change to the memory model); measure nothing.",
+    )
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="olmx-memory-"))
-    base = measured_mib(BASE, root / "base")
-    print(f"baseline (near-empty model): {base:.0f} MiB\n")
-    print(
-        f"| {'configuration':32} | state + buffers | activations | estimate | measured - base | measured / estimate |"
-    )
-    print(f"|{'-' * 34}|----------------:|------------:|---------:|--------------------:|--------------------:|")
-    for i, (name, overrides) in enumerate(CONFIGS.items()):
-        state, acts, total = estimated_mib(overrides, root / f"e{i}")
-        got = measured_mib(overrides, root / f"m{i}") - base
-        print(f"| {name:32} | {state:15.0f} | {acts:11.0f} | {total:8.0f} | {got:19.0f} | {got / total:19.2f} |")
+    previous = args.out / "memory_model.json"
+    saved = json.loads(previous.read_text()) if previous.exists() else {"meta": {}, "rows": {}}
+    record, meta = saved["rows"], saved["meta"]
+    if args.estimate_only:
+        for device, rows in record.items():
+            for i, case in enumerate(CASES):
+                if case.name in rows and (est := estimated(case.args, root / f"e{i}"))[0] == device:
+                    rows[case.name].update(est[1])  # (rows of another device keep theirs)
+        print(table(record), summary(record), sep="\n\n")
+        write(record, meta, args.out)
+        return
+    n_gpus = gpus()
+    device = "cuda" if n_gpus else "cpu"
+    rows = record[device] = record.get(device, {}) if args.only else {}
+    base = measured_mib([*COMMON, *BASE], root / "base") if device == "cpu" else 0.0
+    print(f"device {device}; baseline (near-empty model): {base:.0f} MiB\n")
+    start = time.time()
+    earlier = meta.get(device) if args.only else None
+    for i, case in enumerate(CASES):
+        if args.only and not any(part in case.name for part in args.only):
+            continue
+        if device == "cuda" and case.nproc > n_gpus:
+            print(f"{case.name}: skipped ({case.nproc} processes, {n_gpus} GPU(s))")
+            continue
+        plan_device, est = estimated(case.args, root / f"e{i}")
+        assert plan_device == device, (plan_device, device)
+        got = measured_mib(case.args, root / f"m{i}") - base
+        rows[case.name] = {**est, "measured": got}
+        print(
+            f"{case.name:50} {'fitted' if case.fitted else 'held out':8} state {est['state']:6.0f}  "
+            f"acts {est['activations']:6.0f}  estimate {est['estimate']:6.0f}  measured {got:6.0f}  "
+            f"ratio {got / est['estimate']:.2f}",
+            flush=True,
+        )
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        run = (
+            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(start))} UTC, {platform.node() or 'this machine'}, "
+            f"{os.cpu_count()} CPUs, load average {load}, baseline {base:.0f} MiB, {time.time() - start:.0f} s"
+            + (f" (rows matching {args.only})" if args.only else "")
+        )
+        meta[device] = f"{earlier}; then {run}" if earlier else run
+        write(record, meta, args.out)  # after every row: a failed run keeps what it measured
+    print()
+    print(table(record))
+    print()
+    print(summary(record))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The plugin contract (plugin API 2): base classes with documented no-op hooks.
 
 A plugin is one object, an instance of the base class of its kind (:class:`LayerPlugin`,
-:class:`ParallelPlugin`, :class:`PrecisionPlugin`, :class:`InfraPlugin`), found through an
+:class:`ParallelPlugin`, :class:`PrecisionPlugin`, :class:`InfraPlugin`,
+:class:`TrackerPlugin`), found through an
 entry point in one of the groups of :data:`GROUPS`. It has a ``name`` (the entry-point name,
 the Hydra option name and the config key are the same string), a one-line ``description``,
 the plugin API range ``api`` it supports (a PEP 440 specifier such as ``">=2.0,<3"``,
@@ -24,7 +25,8 @@ Plugins never name each other. They meet through capabilities that the core comp
 
 Resolve order: infra ``world``; parallel ``claim`` then the data-parallel strategy's
 ``layout`` (-> :class:`Mesh`); precision ``dtypes``; then every plugin's ``resolve`` against
-the :class:`Context`, in :data:`KIND_ORDER` (parallel, precision, layers by ``order``).
+the :class:`Context`, in :data:`KIND_ORDER` (parallel, precision, layers by ``order``,
+trackers).
 Decisions a plugin makes there go into :attr:`Contribution.decisions`, are saved in the plan
 and read back at build time (:meth:`Plugin.decided`), never recomputed.
 
@@ -53,6 +55,7 @@ GROUPS: dict[str, str] = {
     "parallel": "olmx.parallel",
     "precision": "olmx.precision",
     "infra": "olmx.infra",
+    "tracker": "olmx.trackers",
 }
 
 #: Plugin kind -> Hydra config group holding its options (and the RunConfig field).
@@ -61,13 +64,14 @@ CONFIG_GROUPS: dict[str, str] = {
     "parallel": "parallel",
     "precision": "precision",
     "infra": "infra",
+    "tracker": "trackers",
 }
 
 #: The order in which the core calls ``resolve``, ``apply_train_module`` and ``callbacks`` of
 #: a run's plugins, by kind (within ``layer``: by :attr:`LayerPlugin.order`). Parallel plugins
-#: set the train module's parallel configs, the precision plugin adds to them, layers last
-#: (optimizer groups of their own parameters).
-KIND_ORDER: tuple[str, ...] = ("parallel", "precision", "layer")
+#: set the train module's parallel configs, the precision plugin adds to them, layers after them
+#: (optimizer groups of their own parameters); trackers last: they only record the run.
+KIND_ORDER: tuple[str, ...] = ("parallel", "precision", "layer", "tracker")
 
 #: ``order`` of a layer plugin that does not set one.
 DEFAULT_LAYER_ORDER = 50
@@ -77,6 +81,17 @@ DTYPES: tuple[str, ...] = ("bfloat16", "float32")
 
 #: Non-data-parallel mesh dimensions a parallel plugin may claim in :meth:`ParallelPlugin.claim`.
 CLAIMABLE_DIMS: dict[str, str] = {"cp": "context (sequence) parallel: each sequence sharded over this many ranks"}
+
+#: What a parallel plugin may say it provides (:attr:`ParallelPlugin.provides`), in the order
+#: ``parallel=auto`` prefers them (least communication first; the plan's memory estimate decides
+#: whether a layout fits): data-parallel kinds, then what a strategy adds to one.
+PARALLEL_CAPABILITIES: dict[str, str] = {
+    "replicate": "data parallel: a full replica of the model on every rank, gradients all-reduced",
+    "experts": "data parallel with the experts of a layer with experts split over ranks (expert parallel)",
+    "hybrid": "data parallel: parameters, gradients and optimizer state sharded within a node, replicated across",
+    "shard": "data parallel: parameters, gradients and optimizer state sharded over all data-parallel ranks",
+    "sequence": "sequence parallel: each sequence split over a group of ranks (claims cp)",
+}
 
 
 @dataclass(frozen=True)
@@ -223,6 +238,13 @@ class Contribution:
     #: state. The plan's memory estimate reads it.
     sharded_params: int = 0
     sharded_over: int = 1
+    #: Bytes per token of a micro-batch on each rank (after sequence sharding) that this
+    #: plugin's modules keep for backward beyond OLMo-core's llama-like blocks (negative where
+    #: they keep less), summed over the blocks they change, under the run's
+    #: ``trainer.activation_checkpointing``. The plan's memory estimate adds them. (A layer's
+    #: transient communication buffers, such as an all-to-all, need no term: they are freed
+    #: before the peak at the start of the backward pass.)
+    activation_bytes_per_token: int = 0
     #: Decisions made here (plain data: str, int, float, bool, lists, dicts), saved in the plan
     #: and read back at build time with :meth:`Plugin.decided` instead of being recomputed.
     decisions: dict[str, Any] = field(default_factory=dict)
@@ -371,6 +393,20 @@ class ParallelPlugin(Plugin):
     #: data-parallel ranks (:meth:`layout`); exactly one is needed when the world has more
     #: than one data-parallel rank.
     data_parallel: ClassVar[bool] = False
+    #: What the strategy provides (keys of :data:`PARALLEL_CAPABILITIES`); ``parallel=auto``
+    #: chooses among the installed strategies by these, never by name. Default: nothing
+    #: (``parallel=auto`` never picks the strategy).
+    provides: ClassVar[tuple[str, ...]] = ()
+
+    def options(self, cfg: Any, run: RunConfig, world: World) -> list[tuple[str, Any]]:
+        """The concrete settings this strategy can run with for the plan's ``auto`` choices,
+        cheapest first, as ``(override, cfg)`` pairs (``("parallel.ulysses.degree=2", cfg)``;
+        an empty override: the settings as given). ``cfg`` is the user's settings, whose
+        ``auto`` fields you expand (``parallel.ulysses.degree=auto``), or None when
+        ``parallel=auto`` picked the strategy: offer every setting worth trying. The plan
+        checks each option as it checks any run (``claim``, ``layout``, ``resolve``, memory).
+        Default: the settings as given, or the defaults."""
+        return [("", self.Config() if cfg is None else cfg)]
 
     def claim(self, cfg: Any, run: RunConfig, world: World) -> dict[str, int]:
         """Non-data-parallel mesh dimensions this strategy takes (keys of
@@ -465,12 +501,31 @@ class InfraPlugin(Plugin):
         raise LaunchError(f"runs on infra '{self.name}' are followed by the olmx train that started them")
 
 
+class TrackerPlugin(Plugin):
+    """Records the run somewhere for people to look at: every metric the trainer logs, the
+    resolved config and the plan (TensorBoard event files, a W&B run, an MLflow experiment).
+
+    Several per run (``trackers=[tensorboard,wandb]``). ``resolve(cfg, ctx)`` checks the
+    settings and states in its rows where the data goes (``("writes", "offline: RUN_DIR/...")``
+    or ``("sends", "online: <host>")``); a tracker sends nothing anywhere unless its settings ask
+    for it. ``callbacks(cfg, plan)`` returns the OLMo-core ``Callback`` objects that record: the
+    core adds them to rank 0's trainer only (the trainer reduces metrics onto rank 0), where
+    ``log_metrics(step, metrics)`` receives every metric recorded at that step (``train/CE
+    loss``, ``optim/LR (group 0)``, whatever the trainer and other callbacks record) and
+    ``post_train``/``close`` flush. ``plan.to_dict()`` is the plan as plain data (the resolved
+    config under ``config``); ``plan.resume_step`` says from which step a resumed run records
+    again (drop or replace what an earlier attempt recorded after it)."""
+
+    kind = "tracker"
+
+
 #: Plugin kind -> its base class.
 BASES: dict[str, type[Plugin]] = {
     "layer": LayerPlugin,
     "parallel": ParallelPlugin,
     "precision": PrecisionPlugin,
     "infra": InfraPlugin,
+    "tracker": TrackerPlugin,
 }
 #: Hooks a plugin of each kind must override (the others have working defaults).
 REQUIRED_HOOKS: dict[str, tuple[str, ...]] = {
@@ -478,6 +533,7 @@ REQUIRED_HOOKS: dict[str, tuple[str, ...]] = {
     "parallel": (),
     "precision": (),
     "infra": ("world", "dry_run", "launch"),
+    "tracker": ("callbacks",),
 }
 
 

@@ -31,6 +31,8 @@ export_app = typer.Typer(
     no_args_is_help=True, help="Write a checkpoint of a run as a Hugging Face directory or a torch state-dict file."
 )
 app.add_typer(export_app, name="export")
+data_app = typer.Typer(no_args_is_help=True, help="Prepare training data: text to OLMo-core token files.")
+app.add_typer(data_app, name="data")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -80,7 +82,7 @@ def train(
     infra = reg.get("infra", run.infra_name)
     if dry_run:
         out.print("# resolved config", style="bold")
-        out.print(config_yaml(run), markup=False)
+        out.print(config_yaml(plan.run), markup=False)  # as resolved: data.tokenizer.path's ids
         print_plan(plan)
         out.print("\n# launch", style="bold")
         out.print(infra.dry_run(plan.infra, plan), markup=False)
@@ -136,6 +138,7 @@ def end_of_run_report(run_dir: Path | str) -> None:
 def print_plan(plan: Any) -> None:
     """The plan as a table: core rows, then one section per plugin."""
     from rich.table import Table
+    from rich.text import Text
 
     from olmx.plan.resolve import describe_plan_rows
 
@@ -148,7 +151,7 @@ def print_plan(plan: Any) -> None:
         table.add_section()
         table.add_row(f"[cyan]{section}[/]", "")
         for label, value in rows:
-            table.add_row(f"  {label}", str(value))
+            table.add_row(f"  {label}", Text(str(value)))  # values are text: "parallel=[fsdp]" is no markup
     out.print(table)
 
 
@@ -166,7 +169,9 @@ def run_plan(plan: Path = typer.Argument(..., help="plan.yaml written by olmx tr
 @plugins_app.command("list")
 @guarded
 def plugins_list(
-    kind: Optional[str] = typer.Option(None, "--kind", help="Only this kind: layer, parallel, precision, infra."),
+    kind: Optional[str] = typer.Option(
+        None, "--kind", help="Only this kind: layer, parallel, precision, infra, tracker."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     check: bool = typer.Option(False, "--check", help="Also import each plugin and check its protocol."),
 ) -> None:
@@ -260,7 +265,7 @@ def plugins_show(
 @guarded
 def plugins_new(
     name: str = typer.Argument(..., help="Plugin name, e.g. my-thing (package olmx-my-thing, module olmx_my_thing)."),
-    kind: str = typer.Option(..., "--kind", help="layer, parallel, precision or infra."),
+    kind: str = typer.Option(..., "--kind", help="layer, parallel, precision, infra or tracker."),
     directory: Optional[Path] = typer.Option(None, "--dir", help="Where to write the package (default ./olmx-NAME)."),
 ) -> None:
     """Write a complete, installable plugin package skeleton (with a passing test)."""
@@ -379,6 +384,65 @@ def export_torch(
     out.print(
         f"wrote {done.path}: the full state dict of checkpoint step {done.step} ({done.tensors} tensors, "
         "OLMo-core names; torch.load(FILE, weights_only=True))",
+        markup=False,
+    )
+
+
+@data_app.command("tokenize")
+@guarded
+def data_tokenize(
+    inputs: list[str] = typer.Argument(
+        ...,
+        help="Text files (one document each), folders (their files, recursively) and globs; .jsonl, "
+        '.jsonl.gz and .json.gz files hold one document per line, in its "text" field.',
+    ),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="A local Hugging Face tokenizer.json (never downloaded)."),
+    out_dir: Path = typer.Option(
+        ..., "--out", help="Folder of the token files: new, or one this command wrote with this tokenizer (continued)."
+    ),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Encoding threads (default: this machine's cores)."),
+    shard_tokens: Optional[int] = typer.Option(
+        None, "--shard-tokens", help="Ids per output file; each ends at a document boundary (default: 256 Mi)."
+    ),
+    eos_id: Optional[int] = typer.Option(
+        None, "--eos-id", help="End-of-document id, for a tokenizer that names no end-of-document token."
+    ),
+) -> None:
+    """Tokenize text into OLMo-core token files (part-NNNNN.npy, raw ids) plus olmx-tokenized.json.
+
+    Each document gets the end-of-document id after it (and the tokenizer's beginning-of-document
+    id before it, where it adds one). Rerunning skips inputs already done and continues an
+    interrupted run. Train on the result with: olmx train data=numpy 'data.paths=[OUT/*.npy]'
+    data.tokenizer.path=TOKENIZER."""
+    import os
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from olmx.tokenize import DEFAULT_SHARD_TOKENS, tokenize
+
+    n = workers if workers is not None else len(os.sched_getaffinity(0))
+    columns = (TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("tokenizing", total=None)
+        done = tokenize(
+            inputs,
+            tokenizer,
+            out_dir,
+            workers=n,
+            shard_tokens=shard_tokens if shard_tokens is not None else DEFAULT_SHARD_TOKENS,
+            eos_id=eos_id,
+            progress=lambda read, total: bar.update(task, completed=read, total=total),
+        )
+    skipped = f"; {done.skipped} input(s) skipped, already done" if done.skipped else ""
+    out.print(
+        f"{done.documents:,} documents, {done.tokens:,} tokens from {done.inputs} input(s) in {done.seconds:.1f} s "
+        f"({done.tokens_per_s:,.0f} tokens/s, {n} thread(s)){skipped}; wrote {len(done.shards)} file(s) to "
+        f"{done.out}: {', '.join(done.shards) or 'none'}",
+        markup=False,
+    )
+    out.print(
+        f"{done.out} holds {done.total_documents:,} documents, {done.total_tokens:,} tokens; train on them with: "
+        f"olmx train data=numpy 'data.paths=[{done.out}/*.npy]' data.tokenizer.path={tokenizer}",
         markup=False,
     )
 

@@ -11,7 +11,9 @@ into the run's model in one process on this machine, as ``olmx generate`` loads 
   reason before anything is loaded). The embeddings keep the model's padded vocabulary
   (a multiple of 128), so the logits are the model's. Byte-level runs have no Hugging Face
   tokenizer, and none is written (ids 0-255 are the UTF-8 bytes); a run whose
-  ``data.tokenizer.path`` names a local ``tokenizer.json`` gets a copy of it.
+  ``data.tokenizer.path`` names a local ``tokenizer.json`` gets it with a ``tokenizer_config.json``
+  (the run's special ids), written and reloaded by OLMo-core's tokenizer export, so that
+  ``AutoTokenizer.from_pretrained`` loads the directory.
 * ``torch``: one file, ``torch.save`` of the full, unsharded state dict (OLMo-core parameter
   names -> CPU tensors; ``torch.load(FILE, weights_only=True)``), for any model, Engram and
   MoE included.
@@ -93,8 +95,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, step: int | None = None) 
     try:
         n = _with_model(plan, reg, ckpt, lambda model: _save_hf(model, plan, arch, tmp))
         if tokenizer is not None:
-            shutil.copyfile(tokenizer, tmp / "tokenizer.json")
-            note = f"tokenizer.json copied from {tokenizer}"
+            note = _save_tokenizer(plan, tokenizer, tmp)
         else:
             tok = plan.run.data.tokenizer
             note = (
@@ -124,6 +125,39 @@ def export_torch(run_dir: str | Path, out: str | Path, *, step: int | None = Non
     finally:
         tmp.unlink(missing_ok=True)
     return Exported(path=out, step=int(ckpt.name[4:]), tensors=n)
+
+
+def _save_tokenizer(plan: Any, path: Path, out: Path) -> str:
+    """The run's tokenizer as ``tokenizer.json`` plus ``tokenizer_config.json`` (its special
+    tokens: the run's ids) in ``out``, written by OLMo-core's ``export_checkpoint_tokenizer``,
+    which saves it through ``transformers`` and checks that ``AutoTokenizer.from_pretrained(out)``
+    encodes and decodes exactly as the file does. Returns the note the command prints."""
+    import tempfile
+
+    from olmo_core.data import TokenizerConfig
+    from olmo_core.nn.hf.tokenizer import export_checkpoint_tokenizer
+
+    from olmx.plan.tokenizer import read_tokenizer_json
+
+    tok = plan.run.data.tokenizer
+    facts = read_tokenizer_json(path)
+    config = TokenizerConfig(
+        vocab_size=facts.vocab_size,  # the tokenizer's own ids (the model's embeddings are padded)
+        eos_token_id=tok.eos_id,
+        pad_token_id=tok.pad_id,
+        bos_token_id=tok.bos_id,
+        identifier=tok.name,
+    )
+    with tempfile.TemporaryDirectory() as scratch:
+        source = path.parent
+        if path.name != "tokenizer.json":  # OLMo-core reads a folder's tokenizer.json
+            source = Path(scratch)
+            shutil.copyfile(path, source / "tokenizer.json")
+        try:
+            export_checkpoint_tokenizer(None, out, config, override=str(source))
+        except ValueError as exc:
+            raise ConfigError("data.tokenizer.path", f"OLMo-core's tokenizer export refused {path}: {exc}") from None
+    return f"tokenizer.json and tokenizer_config.json from {path} (transformers.AutoTokenizer loads them)"
 
 
 def _plan(run_dir: str | Path) -> tuple[Any, Any]:

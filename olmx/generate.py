@@ -15,7 +15,8 @@ n-gram hashes, MoE routing) exactly as in training.
 
 Nothing is written: not to the run directory, not anywhere else. Byte-level runs
 (``data.tokenizer.name=bytes``) encode the prompt as UTF-8 bytes and decode the continuation
-the same way (an incomplete character is shown as U+FFFD).
+the same way (an incomplete character is shown as U+FFFD); runs with ``data.tokenizer.path``
+encode and decode with that ``tokenizer.json`` (the ``tokenizers`` package).
 """
 
 from __future__ import annotations
@@ -54,24 +55,48 @@ class Sampling:
             raise ConfigError("--top-p", f"must be in (0, 1], got {self.top_p}")
 
 
-def encode(plan: Any, prompt: str) -> list[int]:
-    """The prompt's token ids (byte-level runs: its UTF-8 bytes)."""
+def _tokenizer(plan: Any) -> Any:
+    """The run's ``tokenizers.Tokenizer`` (``data.tokenizer.path``), or None for a byte-level run."""
     tok = plan.run.data.tokenizer
+    if tok.path:
+        from olmx.worker.tokenizer import load_tokenizer
+
+        return load_tokenizer(tok.path, field="data.tokenizer.path")
     if tok.name != "bytes":
         raise ConfigError(
             "data.tokenizer",
-            f"the run was trained on {tok.name!r} token ids, and olmx generate reads and writes text only for "
-            "byte-level runs (data.tokenizer.name=bytes)",
+            f"the run was trained on {tok.name!r} token ids and names no tokenizer.json (data.tokenizer.path): "
+            "olmx generate reads and writes text for byte-level runs and runs with a tokenizer file",
         )
-    ids = list(prompt.encode("utf-8"))
-    if not ids:
+    return None
+
+
+def encode(plan: Any, prompt: str) -> list[int]:
+    """The prompt's token ids: its UTF-8 bytes (byte-level runs), or the tokenizer's ids without
+    its post-processing, after the beginning-of-document id where the run puts one before
+    every document (as ``olmx data tokenize`` and ``data=text`` write documents)."""
+    tokenizer = _tokenizer(plan)
+    if tokenizer is None:
+        ids = list(prompt.encode("utf-8"))
+    else:
+        bos = plan.run.data.tokenizer.bos_id
+        ids = [bos] * (bos is not None) + tokenizer.encode(prompt, add_special_tokens=False).ids
+    if not prompt:
         raise ConfigError("--prompt", "is empty")
     return ids
 
 
-def decode(plan: Any, ids: list[int]) -> str:
-    """Text of byte-level ids (ids beyond the bytes, such as end-of-document, are dropped)."""
-    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+def decode(plan: Any, ids: list[int], *, prompt: list[int] | None = None) -> str:
+    """Text of the ``ids`` (after the ``prompt`` ids): byte-level ids beyond the bytes (such as
+    end-of-document) are dropped; with a tokenizer, prompt and ids are decoded together (special
+    tokens skipped) and the prompt's own text cut off, so tokenizers that decode a token
+    differently at the start of a text (SentencePiece's leading space) continue correctly."""
+    tokenizer = _tokenizer(plan)
+    if tokenizer is None:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+    head = tokenizer.decode(prompt or [])
+    whole = tokenizer.decode((prompt or []) + ids)
+    return whole[len(head) :] if whole.startswith(head) else tokenizer.decode(ids)
 
 
 def generate(run_dir: str | Path, prompt: str, sampling: Sampling, *, step: int | None = None) -> tuple[str, int]:
@@ -94,7 +119,7 @@ def generate(run_dir: str | Path, prompt: str, sampling: Sampling, *, step: int 
     with one_process(plan):
         model = load_model(plan, reg, ckpt)
         out = sample(model, ids, sampling, window=plan.batch.seq_len, eos_id=plan.run.data.tokenizer.eos_id, plan=plan)
-    return decode(plan, out), int(ckpt.name[4:])
+    return decode(plan, out, prompt=ids), int(ckpt.name[4:])
 
 
 def sample(model: Any, ids: list[int], sampling: Sampling, *, window: int, eos_id: int | None, plan: Any) -> list[int]:

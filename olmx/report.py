@@ -10,11 +10,12 @@ Written to ``RUN_DIR/report/`` (a comparison to ``RUN_DIR/report/compare/``, or 
 DIR``, so the run's own report stays): ``loss.png``, ``lr.png``, ``throughput.png``, ``memory.png``
 (steps on the x axis; dotted lines where the run resumed, red dashes at non-finite steps, a red
 cross where a failed run ended) and
-``summary.txt``. With ``--compare`` every plot overlays the other runs and the table has one
-column per run.
+``summary.txt``. The loss plot draws the held-out loss (``eval/loss``, dashed, with markers)
+beside the training loss. With ``--compare`` every plot overlays the other runs and the table
+has one column per run.
 
 MFU is the measured model FLOP/s per device (OLMo-core's ``throughput/device/flopsPS``, from
-its FLOPs-per-token count) over the device's dense BF16 peak from :data:`PEAK_BF16_FLOPS`; it is
+its FLOPs-per-token count) over the device's dense BF16 peak (:data:`olmx.launch.devices.PEAK_FLOPS`); it is
 shown only for a known GPU and BF16-class precision (bf16, mxfp8), as OLMo-core does.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,21 +36,6 @@ from olmx.rundir import RunDir
 
 REPORT_DIR = "report"
 PLOTS = ("loss", "lr", "throughput", "memory")
-#: Dense BF16 tensor-core peak FLOP/s by device-name fragment (first match wins; vendor specs).
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("GB200", 2.5e15),
-    ("B300", 2.25e15),
-    ("B200", 2.25e15),
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H200", 989e12),
-    ("H100", 989e12),
-    ("GH200", 989e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-    ("A10G", 70e12),
-    ("L4", 121e12),
-)
 
 
 @dataclass
@@ -101,14 +88,12 @@ def config_digest(plan: dict[str, Any]) -> str:
 
 
 def peak_flops(device_name: str, compute_dtype: str) -> float | None:
-    """Dense peak FLOP/s of one device for the run's compute dtype (the plan's
-    ``dtypes.param``; None where unknown: the table holds 16-bit tensor-core peaks)."""
-    if compute_dtype == "float32":
-        return None
-    for fragment, flops in PEAK_BF16_FLOPS:
-        if fragment in device_name:
-            return flops
-    return None
+    """Dense 16-bit peak FLOP/s of one device for a run computing in ``compute_dtype`` (the
+    plan's ``dtypes.param``; None for float32 or where unknown), from
+    :data:`olmx.launch.devices.PEAK_FLOPS`."""
+    from olmx.launch.devices import peak_flops as device_peak
+
+    return None if compute_dtype == "float32" else device_peak(device_name, "bfloat16")
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -193,6 +178,7 @@ def summarize(run: RunData) -> dict[str, str]:
     model, t = cfg["model"], cfg["trainer"]
     tokens_per_step = batch["global_seqs"] * batch["seq_len"]
     losses = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
+    held = [(r["step"], r["eval/loss"]) for r in records if r.get("eval/loss") is not None]
     last_step = records[-1]["step"] if records else 0
     precision = next(iter(cfg.get("precision", {}) or {"?": None}))
     parallel = ",".join(cfg.get("parallel", {}) or []) or "none"
@@ -235,6 +221,12 @@ def summarize(run: RunData) -> dict[str, str]:
         )
         if losses
         else "-",
+        "held-out loss first / last / best": (
+            f"{held[0][1]:.4f} / {held[-1][1]:.4f} / {min(v for _, v in held):.4f} "
+            f"(steps {held[0][0]}, {held[-1][0]}; perplexity last {math.exp(held[-1][1]):.2f})"
+        )
+        if held
+        else "- (no evaluation: eval.interval)",
         "tokens/s per device": tps,
         "MFU": mfu,
         "peak memory (MiB)": memory,
@@ -261,7 +253,7 @@ def plot(runs: list[RunData], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     series = {
-        "loss": ("training loss", lambda r: r.get("loss")),
+        "loss": ("loss", lambda r: r.get("loss")),
         "lr": ("learning rate", lambda r: r.get("lr")),
         "throughput": ("tokens/s per device", lambda r: r.get("tokens_per_s_per_process")),
         "memory": ("peak memory per process (MiB)", lambda r: r.get("peak_mem_mib")),
@@ -272,12 +264,18 @@ def plot(runs: list[RunData], out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
         for i, run in enumerate(runs):
             points = [(r["step"], get(r)) for r in run.records if get(r) is not None]
+            held = [(r["step"], r["eval/loss"]) for r in run.records if r.get("eval/loss") is not None]
+            held = held if name == "loss" else []
             color = f"C{i}"
             if points:
                 xs, ys = zip(*points, strict=True)
-                ax.plot(xs, ys, color=color, label=run.label, marker="." if len(points) < 60 else None)
+                label = f"{run.label} training" if held else run.label
+                ax.plot(xs, ys, color=color, label=label, marker="." if len(points) < 60 else None)
                 if _status(run).startswith("failed"):  # where it died
                     ax.plot(xs[-1], ys[-1], "x", color="red", markersize=12, markeredgewidth=2)
+            if held:  # the held-out loss beside the training loss, dashed
+                xs, ys = zip(*held, strict=True)
+                ax.plot(xs, ys, color=color, linestyle="--", marker="o", label=f"{run.label} held-out (eval/loss)")
             for step in _resume_steps(run):
                 ax.axvline(step, color=color, linestyle=":", alpha=0.7)
             for step in (e["step"] for e in run.events if e["event"] == "nonfinite"):
@@ -286,7 +284,7 @@ def plot(runs: list[RunData], out_dir: Path) -> list[Path]:
         ax.set_ylabel(ylabel)
         ax.set_title(f"{ylabel} ({', '.join(r.label for r in runs)})")
         ax.grid(alpha=0.3)
-        if len(runs) > 1:
+        if len(runs) > 1 or any(str(line.get_label()).endswith("(eval/loss)") for line in ax.get_lines()):
             ax.legend()
         fig.tight_layout()
         path = out_dir / f"{name}.png"

@@ -47,7 +47,8 @@ def test_plugins_list_table_json_and_kind():
     parallel = json.loads(olmx_cli("plugins", "list", "--kind", "parallel", "--json").stdout)
     assert {r["kind"] for r in parallel} == {"parallel"}
     bad = olmx_cli("plugins", "list", "--kind", "gpu")
-    assert bad.returncode == 2 and "--kind: 'gpu' is not one of layer, parallel, precision, infra" in bad.stderr
+    assert bad.returncode == 2
+    assert "--kind: 'gpu' is not one of layer, parallel, precision, infra, tracker" in bad.stderr
 
 
 def test_plugins_list_check_marks_loaded_plugins_ok():

@@ -1,6 +1,6 @@
 """The plan's memory estimate: its terms, the GPU refusal with the cheapest change that fits,
 the CPU warning, and device capacities. (Its accuracy against measured peaks is a benchmark:
-``benchmarks/memory_model.py``, recorded in ``benchmarks/results/memory.md``.)"""
+``benchmarks/memory_model.py``, recorded in ``benchmarks/results/memory_model.md``.)"""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def plan(tmp_path, *overrides: str):
 
 
 def _estimate(p):
-    return memory.estimate(p.run, p.mesh, p.params.total, p.vocab_size, p.dtypes.param, p.world.device)
+    from olmx.plan.resolve import estimated
+
+    return estimated(p.run, p.world, registry()).est
 
 
 def test_a_7b_model_on_one_80gb_gpu_is_refused_with_the_numbers(tmp_path) -> None:
@@ -50,6 +52,7 @@ def test_the_suggested_change_is_one_the_plan_then_accepts(tmp_path) -> None:
 
 def test_fsdp_shards_the_model_state_and_checkpointing_cuts_activations(tmp_path) -> None:
     gpus = [*H100, "infra.gpus_per_node=8", "model=olmo3_1b", "trainer.global_batch_size=64"]
+    gpus += ["precision=fp32"]  # (bf16 differs between the two: autocast under DDP, FSDP's casts)
     ddp, fsdp = _estimate(plan(tmp_path, *gpus)), _estimate(plan(tmp_path, *gpus, "parallel=[fsdp]"))
     assert ddp.params == 8 * fsdp.params and ddp.optimizer == 8 * fsdp.optimizer == 2 * 8 * fsdp.params
     assert ddp.activations == fsdp.activations
@@ -145,3 +148,83 @@ def test_ddp_on_eight_gpus_that_does_not_fit_is_told_to_shard(tmp_path) -> None:
         plan(tmp_path, *args)
     fits = plan(tmp_path, *args, "parallel=[fsdp]")
     assert "of 80 GiB per process" in dict(fits.sections["memory"])["estimated peak"]
+
+
+SMALL = ["model.d_model=512", "model.n_layers=4", "model.hidden_size=2048", "model.n_heads=8", "precision=fp32"]
+
+
+def _tokens(p) -> int:
+    return p.run.trainer.micro_batch_size * p.run.data.seq_len // p.mesh.cp
+
+
+def test_ulysses_halves_the_activations_and_adds_its_replicated_kv_heads(tmp_path) -> None:
+    args = [*H100, "infra.gpus_per_node=2", *SMALL, "model.n_kv_heads=1", "data.seq_len=8192"]
+    args += ["trainer.micro_batch_size=1", "parallel=[ddp,ulysses]"]
+    one = plan(tmp_path, *args, "parallel.ulysses.degree=1", "trainer.global_batch_size=2")
+    two = plan(tmp_path, *args, "parallel.ulysses.degree=2", "trainer.global_batch_size=1")
+    e1, e2 = _estimate(one), _estimate(two)
+    assert (one.mesh.cp, two.mesh.cp, _tokens(two)) == (1, 2, 4096)
+    assert e1.plugin_activations == 0
+    d, hd, layers = 512, 64, 4
+    # kept per token and layer: the output in sequence layout, and k and v of the 1 kv head
+    # copied to 2 (lcm(1, 2)); the all-to-all buffers are freed before the peak
+    assert e2.plugin_activations == (d + 2 * (2 - 1) * hd) * 4 * layers
+    assert e2.activations == e1.activations // 2 + 4096 * e2.plugin_activations
+    assert e2.params == e1.params and e2.buffers == e1.buffers == 0
+
+
+def test_expert_parameters_count_once_per_ep_rank(tmp_path) -> None:
+    gpus = [*H100, "infra.gpus_per_node=4", *SMALL, "data.seq_len=512", "trainer.global_batch_size=4"]
+    gpus += ["trainer.micro_batch_size=1"]
+    moe = ["layers=[moe]", "layers.moe.num_experts=4", "layers.moe.top_k=2", "layers.moe.hidden_size=1024"]
+    ddp, ep = plan(tmp_path, *gpus, *moe, "parallel=[ddp]"), plan(tmp_path, *gpus, *moe, "parallel=[ddp_ep]")
+    experts = 4 * 3 * 4 * 512 * 1024  # 4 blocks x 3 matrices x 4 experts x d x h
+    e_ddp, e_ep = _estimate(ddp), _estimate(ep)
+    assert e_ddp.params == 4 * ddp.params.total
+    assert e_ep.params == 4 * (ep.params.total - experts) + 4 * experts // 2  # ep degree 2: 2 experts a rank
+    assert e_ep.optimizer == 2 * e_ep.params and e_ep.activations == e_ddp.activations
+
+
+def test_moe_activations_follow_top_k_and_checkpointing(tmp_path) -> None:
+    args = [*H100, *SMALL, "data.seq_len=2048", "trainer.global_batch_size=1", "trainer.micro_batch_size=1"]
+    moe = ["layers=[moe]", "layers.moe.num_experts=8", "layers.moe.hidden_size=1024"]
+    top1, top4 = (_estimate(plan(tmp_path, *args, *moe, f"layers.moe.top_k={k}")) for k in (1, 4))
+    # three more routed copies per token: each keeps 4 hidden tensors, its input and output, and
+    # the router three more float32 weights and indices, in each of the 4 MoE blocks
+    assert top4.activations - top1.activations == 4 * 2048 * (3 * (4 * 1024 + 2 * 512) * 4 + 3 * 3 * 4)
+    dense_full = _estimate(plan(tmp_path, *args, "trainer.activation_checkpointing=full"))
+    moe_full = _estimate(plan(tmp_path, *args, *moe, "trainer.activation_checkpointing=full"))
+    assert moe_full.activations == dense_full.activations  # full checkpointing recomputes the MoE
+    dense_lc = _estimate(plan(tmp_path, *args, "trainer.activation_checkpointing=long_context"))
+    moe_lc = _estimate(
+        plan(tmp_path, *args, *moe, "layers.moe.top_k=1", "trainer.activation_checkpointing=long_context")
+    )
+    assert moe_lc.activations - dense_lc.activations > top1.activations - _estimate(plan(tmp_path, *args)).activations
+    # (long_context recomputes modules named feed_forward: the MoE is kept whole, not a delta)
+
+
+def test_bf16_under_autocast_keeps_float32_norms_and_bf16_weight_copies(tmp_path) -> None:
+    args = [*H100, "infra.gpus_per_node=2", *SMALL[:-1], "data.seq_len=2048", "trainer.global_batch_size=2"]
+    args += ["trainer.micro_batch_size=1", "precision=bf16"]
+    ddp, fsdp = plan(tmp_path, *args, "parallel=[ddp]"), plan(tmp_path, *args, "parallel=[fsdp]")
+    e_ddp, e_fsdp = _estimate(ddp), _estimate(fsdp)
+    assert (ddp.dtypes.param, fsdp.dtypes.param) == ("bfloat16", "bfloat16")
+    # autocast (replicated parameters): 14 more bytes per d per block and token than FSDP's bf16
+    assert e_ddp.activations - e_fsdp.activations == 4 * 2048 * 14 * 512
+    fp32 = _estimate(plan(tmp_path, *args[:-1], "precision=fp32", "parallel=[ddp]"))
+    assert e_ddp.buffers - fp32.buffers == 2 * ddp.params.total  # the bf16 copies of the weights
+    assert fp32.activations / 2 < e_ddp.activations < fp32.activations
+
+
+def test_engram_blocks_keep_their_rows_and_sharded_tables_count_per_rank(tmp_path) -> None:
+    args = [*H100, "infra.gpus_per_node=2", *SMALL, "data.seq_len=512", "trainer.global_batch_size=2"]
+    args += ["trainer.micro_batch_size=1", "layers=[engram]", "layers.engram.layer_ids=[1]"]
+    rep = _estimate(plan(tmp_path, *args, "layers.engram.sharding=replicated"))
+    two = _estimate(plan(tmp_path, *args, "layers.engram.layer_ids=[1,2]", "layers.engram.sharding=replicated"))
+    d_mem = 2 * 512  # orders 2 and 3, 512 wide each
+    assert rep.plugin_activations == (d_mem + 11 * 512) * 4
+    assert two.plugin_activations == 2 * rep.plugin_activations
+    sharded = _estimate(plan(tmp_path, *args, "layers.engram.sharding=1d"))
+    tables = 2 * 8 * 5 * 384 * 64  # 2 orders x 8 heads x rows (primes above 5 x the vocabulary) x 64
+    assert sharded.activations == rep.activations
+    assert rep.params - sharded.params == pytest.approx(4 * tables / 2, rel=0.05)  # half the rows a rank

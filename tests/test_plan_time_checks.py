@@ -234,6 +234,9 @@ def test_good_files_pass_and_the_plan_says_how_they_are_read(tmp_path, monkeypat
         "np.save'd files": f"read through their header, copied once as raw uint16 into {tmp_path / 'cache'}",
         # 2 x (20,000 // 64) sequences, 4 a step; the default 200 steps run 1.28 epochs
         "sequences": "624 x 64 tokens = 156 steps per epoch (trainer.max_steps=200 repeats the data 1.28 times)",
+        "evaluation": "every 50 steps and at step 200: loss and perplexity of 32 sequences of the held-out "
+        "slice (8 batch(es) of 4)",
+        "held out": "32 sequences x 64 tokens = 2,048 tokens from the end of the training data, never trained on",
     }
     result = CliRunner().invoke(app, ["train", "--dry-run", *NUMPY, paths])
     assert result.exit_code == 0, result.output

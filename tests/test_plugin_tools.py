@@ -21,7 +21,7 @@ from olmx.plugin_tools.names import entry_point_toml, plugin_names
 from olmx.plugin_tools.scaffold import new_plugin
 from tests.conftest import make_dist, olmx_cli
 
-KINDS = ("layer", "parallel", "precision", "infra")
+KINDS = ("layer", "parallel", "precision", "infra", "tracker")
 
 
 def pip_install(*packages: Path, target: Path) -> None:
@@ -91,7 +91,7 @@ def test_entry_point_lines_are_written_and_validated_by_entry_points_txt():
 def test_new_refuses_a_taken_name_a_bad_kind_and_a_full_directory(tmp_path):
     with pytest.raises(ConfigError, match="'ddp' is already a parallel plugin"):
         new_plugin("ddp", kind="parallel", directory=tmp_path / "a")
-    with pytest.raises(ConfigError, match="--kind: 'layers' is not one of layer, parallel, precision, infra"):
+    with pytest.raises(ConfigError, match="--kind: 'layers' is not one of layer, parallel, precision, infra, tracker"):
         new_plugin("x", kind="layers", directory=tmp_path / "b")
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "file").write_text("")
@@ -150,7 +150,7 @@ def test_skeleton_is_a_complete_package(skeletons, kind):
 
 def test_skeletons_pass_their_own_tests_once_installed(skeletons):
     dirs, env = skeletons
-    # One pytest run over the four packages' tests (each file is named after its package).
+    # One pytest run over the five packages' tests (each file is named after its package).
     proc = subprocess.run(
         [
             sys.executable,
@@ -175,7 +175,7 @@ def test_skeletons_pass_their_own_tests_once_installed(skeletons):
             line for line in proc.stdout.splitlines() if f"test_olmx_my_{kind}.py::" in line and " PASSED" in line
         ]
         assert len(passed) == (5 if kind == "infra" else 4), proc.stdout
-    assert "17 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout
+    assert "21 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -203,13 +203,14 @@ def test_installed_skeleton_is_used_by_train_dry_run(skeletons, tmp_path):
         "layers.my_layer.blocks=[1,3]",
         "precision=my_precision",
         "infra=my_infra",
+        "trackers=[my_tracker]",
         f"trainer.run_dir={tmp_path}",
         "--dry-run",
         env=env,
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "layers.my_layer" in out and "precision.my_precision" in out
+    assert "layers.my_layer" in out and "precision.my_precision" in out and "trackers.my_tracker" in out
     assert "│   blocks" in out and "1, 3" in out
     assert "--nproc-per-node=2" in out and "olmx run" in out  # infra=my_infra's dry run
     proc = olmx_cli("provision", "my_infra", "world", "--nproc-per-node", "3", env=env)

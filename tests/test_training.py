@@ -57,6 +57,8 @@ def test_one_and_two_processes_give_the_same_loss_curve(tmp_path, cache):
     assert [r["step"] for r in single] == list(range(1, 11))
     for other in (ddp, fsdp, hsdp_1x2, hsdp_2x1):
         assert losses(other) == pytest.approx(losses(single), rel=2e-5)
+        # The default evaluation (at the last step, all 32 held-out sequences) agrees too.
+        assert [r["eval/loss"] for r in other if "eval/loss" in r] == pytest.approx([single[-1]["eval/loss"]], rel=2e-5)
     plans = [(tmp_path / d / "plan.yaml").read_text() for d in ("hsdp12", "hsdp21")]
     assert "dp_replicate: 1\n  dp_shard: 2" in plans[0] and "dp_replicate: 2\n  dp_shard: 1" in plans[1]
     assert losses(single)[-1] < losses(single)[0] - 0.5  # it learns

@@ -25,4 +25,10 @@ if [ ! -x .venv-gpu/bin/python ]; then
     .venv-gpu/bin/pip install -q --no-index --find-links .whl --no-deps .whl/*.whl 2>&1 | tail -3 || true
     .venv-gpu/bin/pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | tail -3
 fi
+if [ "${MEMORY_MODEL:-0}" = 1 ]; then
+    # Opt-in (MEMORY_MODEL=1, about 3 more minutes): the memory model's GPU column, its
+    # 1-process rows, merged with the CPU rows into $OUT/memory_model.{md,json}.
+    cp benchmarks/results/memory_model.json "$OUT"/ 2>/dev/null || true
+    timeout 240 .venv-gpu/bin/python benchmarks/memory_model.py --out "$OUT" || echo "smoke.sh: memory_model.py failed" >&2
+fi
 exec timeout 470 .venv-gpu/bin/python benchmarks/gpu/smoke.py --out "$OUT"

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from olmx.api import CONFIG_GROUPS
-from olmx.config.schema import RunConfig
+from olmx.config.schema import AUTO, AutoParallelConfig, RunConfig
 from olmx.errors import ConfigError
 from olmx.registry import Registry
 
 #: Kinds whose group is selected as a list/dict of named sections (``layers.moe.top_k``);
 #: ``infra`` is a single flat section with a ``name`` (``infra.nodes``).
-NESTED_KINDS = ("layer", "parallel", "precision")
+NESTED_KINDS = ("layer", "parallel", "precision", "tracker")
 
 
 def conf_dir() -> Path:
@@ -35,6 +35,22 @@ def _defaults_of(config_cls: type) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(config_cls))
 
 
+#: Sections whose keys are names the user chooses (``data.sources.web.paths=[...]``): open to
+#: new keys without Hydra's ``+``; their values are still typed by to_object.
+OPEN_SECTIONS = ("data.sources",)
+
+
+def _open_named_sections(defaults: dict[str, Any]) -> Any:
+    """The schema's defaults as a DictConfig whose :data:`OPEN_SECTIONS` accept new keys
+    (Hydra's struct mode, set on the root, leaves a node whose flag is set explicitly)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create(defaults)
+    for key in OPEN_SECTIONS:
+        OmegaConf.set_struct(OmegaConf.select(node, key), False)
+    return node
+
+
 def register_plugin_options(reg: Registry) -> None:
     """Store one config option per loadable plugin in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
@@ -42,12 +58,14 @@ def register_plugin_options(reg: Registry) -> None:
     cs = ConfigStore.instance()
     # Untyped defaults: Hydra knows every key (unknown ones are refused at compose time) and
     # `~key` resets a key to its default; types are checked by to_object.
-    cs.store(name="olmx_schema", node=_defaults_of(RunConfig))
+    cs.store(name="olmx_schema", node=_open_named_sections(_defaults_of(RunConfig)))
     for (kind, name), plugin in reg.load_all().items():
         group = CONFIG_GROUPS[kind]
         defaults = _defaults_of(plugin.Config)
         node = {"name": name, **defaults} if kind == "infra" else {name: defaults}
         cs.store(group=group, name=name, node=node, provider=f"olmx plugin {name}")
+    # ``parallel=auto``: the plan chooses the strategies (olmx.plan.auto); a plugin cannot take the name.
+    cs.store(group=CONFIG_GROUPS["parallel"], name=AUTO, node={AUTO: {}}, provider="olmx")
 
 
 def compose(overrides: list[str], reg: Registry) -> Any:
@@ -186,6 +204,9 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
             )
         typed: dict[str, Any] = {}
         for name, values in raw.items():
+            if kind == "parallel" and name == AUTO:
+                typed[name] = _typed(AutoParallelConfig, values or {}, f"{group}.{name}")
+                continue
             plugin = _plugin(reg, kind, group, name)
             typed[name] = _typed(plugin.Config, values or {}, f"{group}.{name}" if kind != "infra" else group)
         sections[group] = typed

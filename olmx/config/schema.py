@@ -1,7 +1,7 @@
 """The typed run configuration: the schema of ``conf/train.yaml``.
 
 Every field's docstring is user documentation (``olmx train --help-config`` prints them).
-Plugin sections (``layers``, ``parallel``, ``precision``, ``infra``) are typed by the
+Plugin sections (``layers``, ``parallel``, ``precision``, ``infra``, ``trackers``) are typed by the
 plugins' own ``Config`` dataclasses in :func:`olmx.config.compose.to_object`.
 """
 
@@ -57,24 +57,51 @@ class ModelConfig:
 
 @dataclass
 class TokenizerConfig:
-    """Token id facts of the data (no tokenizer is downloaded)."""
+    """Token id facts of the data (no tokenizer is downloaded). With ``path``, the plan reads
+    ``vocab_size``, ``eos_id``, ``pad_id`` and ``bos_id`` from that ``tokenizer.json``; a value
+    you set yourself (one that differs from the data preset's) must agree with it."""
 
     #: ``bytes`` (olmx's byte-level tokenizer: ids 0-255 are bytes) or the name of the
-    #: tokenizer that produced pre-tokenized data (e.g. ``dolma2``).
+    #: tokenizer that produced pre-tokenized data (e.g. ``dolma2``); a label only. With ``path``
+    #: and ``bytes``, the plan names the tokenizer after its folder.
     name: str = "bytes"
     #: Number of token ids the tokenizer produces (the model pads it to a multiple of 128).
     #: It also chooses the dtype OLMo-core reads raw token files in: the smallest of uint8,
     #: uint16, uint32, uint64 that holds ``vocab_size - 1`` (byte-level data: 257-65,536).
+    #: With ``path``: the tokenizer's largest id plus one; a larger value reserves ids it never produces.
     vocab_size: int = 258
-    #: End-of-document id (byte-level data: >= 256, ids 0-255 are bytes).
+    #: End-of-document id (byte-level data: >= 256, ids 0-255 are bytes), put after every document.
+    #: With ``path``: the tokenizer's end-of-document token (its ``tokenizer_config.json``, the
+    #: special token its post-processor appends, or one named ``<|endoftext|>``, ``</s>``, ...);
+    #: set it where the tokenizer names none.
     eos_id: int = 256
-    #: Padding id.
+    #: Padding id. With ``path``: the tokenizer's padding token, else ``eos_id``.
     pad_id: int = 257
-    #: Beginning-of-document id, if the tokenizer has one.
+    #: Beginning-of-document id; when set, every document starts with it (OLMo-core expects
+    #: that). With ``path``: the one the tokenizer puts before a text (its post-processor, or
+    #: ``add_bos_token`` in its ``tokenizer_config.json``), else this value.
     bos_id: Optional[int] = None
-    #: A local Hugging Face ``tokenizer.json`` of this tokenizer (byte-level BPE, e.g. dolma2's),
-    #: for what needs its vocabulary (Engram's tokenizer compression). Never downloaded.
+    #: A local Hugging Face ``tokenizer.json`` (never downloaded). It gives the ids above;
+    #: ``data=text``/``stdlib`` are tokenized with it into ``cache_dir`` (the ``tokenizers``
+    #: package: ``pip install 'olmx[tokenize]'``); ``data=numpy`` files written by
+    #: ``olmx data tokenize`` are checked to come from the same file (SHA-256); ``olmx generate``
+    #: and ``olmx export hf`` use it; Engram's tokenizer compression reads its vocabulary.
     path: Optional[str] = None
+
+
+@dataclass
+class SourceConfig:
+    """One named source of a data mixture (``data.sources.NAME``): its files and its weight."""
+
+    #: Files or globs of this source, in the format ``data.name`` says (``text``: text files,
+    #: tokenized as ``data.tokenizer`` says into one cache per source; ``numpy``: OLMo-core token
+    #: files), each matched file read in the given order. A file belongs to one source only.
+    paths: list[str] = field(default_factory=list)
+    #: Relative weight: the source's share of the training tokens is its weight over the sum of
+    #: all weights (``0.7``/``0.3`` and ``7``/``3`` mix alike); positive. A source with more
+    #: tokens than its share contributes the first part of each of its files (OLMo-core's source
+    #: mixtures); one with fewer is repeated, which the plan flags.
+    weight: float = 1.0
 
 
 @dataclass
@@ -91,6 +118,12 @@ class DataConfig:
     #: through their header and copied once as raw ids into ``cache_dir``. The plan checks the
     #: sizes, headers and a sample of ids of every file, and that they hold one optimizer step.
     paths: list[str] = field(default_factory=list)
+    #: A mixture of named sources instead of ``paths``: ``data.sources.web.paths=[web/*.npy]
+    #: data.sources.web.weight=0.7 data.sources.code.paths=[code/*.npy] data.sources.code.weight=0.3``
+    #: (with ``data=text`` or ``data=numpy``; ``data.paths`` must then be empty). Sampled through
+    #: OLMo-core's source mixtures: each source gives its share of the run's tokens; the plan
+    #: shows per source its files, tokens, share, tokens over the run and epochs.
+    sources: dict[str, SourceConfig] = field(default_factory=dict)
     #: Tokens per training sequence (at most 1,048,576). OLMo-core cuts each token file into
     #: whole sequences; one optimizer step takes ``trainer.global_batch_size`` of them.
     seq_len: int = 256
@@ -157,8 +190,22 @@ class TrainerConfig:
     #: 10-50), every step on CPUs.
     log_interval: Optional[int] = None
     #: Activation checkpointing: ``full`` (OLMo-core: every block), ``long_context`` (olmx:
-    #: keep attention outputs, recompute feed-forward and norms), or null for none.
+    #: keep attention outputs, recompute feed-forward and norms), null for none, or ``auto``:
+    #: the cheapest of none < long_context < full whose estimated peak memory fits the device
+    #: (on CPUs: this machine's RAM divided by its processes); the plan says which and why.
     activation_checkpointing: Optional[str] = None
+    #: Choose ``micro_batch_size`` from the memory estimate: the largest divisor of the
+    #: per-rank batch (``global_batch_size`` / data-parallel ranks) whose estimated peak fits
+    #: the device, tried after the layout and checkpointing (a smaller micro-batch only adds
+    #: accumulation steps); the plan says which and why. false: ``micro_batch_size`` as given.
+    auto_micro_batch: bool = False
+    #: The fraction of the device's dense peak FLOP/s that the plan's step-time estimate
+    #: assumes the counted FLOPs (model FLOPs plus activation-checkpointing recompute) run at.
+    #: 0.4 is what well-tuned dense pre-training reaches on GPUs (PaLM, Chowdhery et al. 2022,
+    #: table 3: 46.2% MFU for PaLM 540B, 30.2% for Megatron-Turing NLG 530B; OLMo-core's
+    #: README has listed 41-48% MFU on H100s for its 7B and 13B scripts). Communication, data
+    #: loading and the optimizer step are not modelled. Must be in (0, 1].
+    assumed_mfu: float = 0.4
     #: ``torch.compile`` the blocks: ``auto`` (on with CUDA, as OLMo-core's training scripts;
     #: off on CPUs, where inductor compiles slowly for little gain), ``true`` (CUDA only:
     #: OLMo-core 3.0.0 skips compiling where CUDA is missing) or ``false``.
@@ -173,6 +220,45 @@ class TrainerConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out evaluation during training: loss and perplexity (``eval/loss``,
+    ``eval/perplexity`` in ``metrics.jsonl``), through OLMo-core's ``LMEvaluator``."""
+
+    #: Steps between evaluations; the last step (``trainer.max_steps``) is always evaluated too.
+    #: null or 0 disables evaluation (and holds nothing out).
+    interval: Optional[int] = 50
+    #: Files or globs to evaluate on, in the training data's format and tokenizer (``text``/
+    #: ``stdlib``: text files, tokenized as the training data; ``numpy``: token files). Empty: a
+    #: held-out slice of the training data (``eval.holdout_sequences``).
+    data: list[str] = field(default_factory=list)
+    #: With ``eval.data`` empty: sequences of ``data.seq_len`` tokens cut from the end of the
+    #: training data (of a mixture: from the end of each source, split by weight) and never
+    #: trained on (the training dataset excludes them). Must leave one optimizer step to train on.
+    #: null (the default): 32, or no evaluation (the plan says why) where the training data
+    #: cannot spare 32 sequences and still fill one optimizer step; a number you set is checked.
+    holdout_sequences: Optional[int] = None
+    #: At most this many sequences per evaluation (null: all of the held-out slice or
+    #: ``eval.data``); evaluated in batches of ``trainer.micro_batch_size`` sequences per
+    #: data-parallel rank, fewer per rank where the evaluated sequences are fewer than one such
+    #: batch (whole batches only: at least one sequence per rank).
+    max_sequences: Optional[int] = None
+
+
+#: The value of a setting the plan chooses (``parallel=auto``,
+#: ``trainer.activation_checkpointing=auto``, ``parallel.ulysses.degree=auto``).
+AUTO = "auto"
+
+
+@dataclass
+class AutoParallelConfig:
+    """``parallel=auto``: the plan picks the parallel strategies from the installed ones by what
+    they provide (``olmx.api.PARALLEL_CAPABILITIES``): full replicas where they fit, else
+    expert-parallel (a layer with experts), hybrid (several nodes) or fully sharded, each with
+    the smallest sequence-parallel degree that fits; the plan prints the choice and why. List
+    strategies yourself (``parallel=[fsdp,ulysses]``) to choose."""
+
+
+@dataclass
 class RunConfig:
     """A whole run: what ``conf/train.yaml`` composes to."""
 
@@ -182,6 +268,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     #: Optimisation, duration, checkpoints.
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    #: Held-out evaluation (on by default: every 50 steps on a held-out slice of the data).
+    eval: EvalConfig = field(default_factory=EvalConfig)
     #: Layer plugins by name (``layers=[engram,moe]``), each with its own settings.
     layers: dict[str, Any] = field(default_factory=dict)
     #: Parallel strategies by name (``parallel=[fsdp,ulysses]``); they compose.
@@ -190,6 +278,10 @@ class RunConfig:
     precision: dict[str, Any] = field(default_factory=dict)
     #: The infra target (``infra=local``): its ``name`` plus its settings.
     infra: dict[str, Any] = field(default_factory=dict)
+    #: Trackers by name (``trackers=[tensorboard,wandb]``), each with its own settings: where the
+    #: run's metrics, resolved config and plan are recorded besides ``metrics.jsonl``. None by
+    #: default; none sends anything anywhere unless its settings ask for it.
+    trackers: dict[str, Any] = field(default_factory=dict)
     #: Free-form values for your own callbacks and notes (``+extra.key=1``).
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -131,3 +131,35 @@ def host_memory_gib() -> float | None:
     except OSError:
         pass
     return None
+
+
+#: Dense peak FLOP/s of one GPU by compute dtype, by name fragment (first match wins, so
+#: longer names first): ``bfloat16`` (16-bit tensor cores), ``float32`` (CUDA cores: PyTorch
+#: does not use TF32 for float32 matmuls unless asked), ``float8`` (8-bit tensor cores; None
+#: where the GPU has none). Source: NVIDIA's data sheets (dense, i.e. half the "with sparsity"
+#: figures); OLMo-core's ``SpeedMonitorCallback`` uses the same bfloat16 numbers.
+PEAK_FLOPS: tuple[tuple[str, dict[str, float | None]], ...] = (
+    ("GB200", {"bfloat16": 2.5e15, "float32": 80e12, "float8": 5.0e15}),
+    ("B300", {"bfloat16": 2.25e15, "float32": 75e12, "float8": 4.5e15}),
+    ("B200", {"bfloat16": 2.25e15, "float32": 75e12, "float8": 4.5e15}),
+    ("H100 PCIe", {"bfloat16": 756e12, "float32": 51e12, "float8": 1513e12}),
+    ("H100 NVL", {"bfloat16": 835e12, "float32": 60e12, "float8": 1671e12}),
+    ("GH200", {"bfloat16": 989e12, "float32": 67e12, "float8": 1979e12}),
+    ("H200", {"bfloat16": 989e12, "float32": 67e12, "float8": 1979e12}),
+    ("H100", {"bfloat16": 989e12, "float32": 67e12, "float8": 1979e12}),
+    ("A100", {"bfloat16": 312e12, "float32": 19.5e12, "float8": None}),
+    ("L40S", {"bfloat16": 362e12, "float32": 91.6e12, "float8": 733e12}),
+    ("A10G", {"bfloat16": 70e12, "float32": 31.2e12, "float8": None}),
+    ("L4", {"bfloat16": 121e12, "float32": 30.3e12, "float8": 242e12}),
+)
+
+
+def peak_flops(name: str, dtype: str) -> float | None:
+    """Dense peak FLOP/s of one device named like ``nvidia-smi`` names it, for compute in
+    ``dtype`` (``bfloat16``/``float16``, ``float32``, ``float8``); None where unknown (CPUs:
+    there is no vendor figure to use, and the achievable rate depends on the vector units)."""
+    kind = "bfloat16" if dtype == "float16" else dtype
+    for fragment, peaks in PEAK_FLOPS:
+        if fragment in name:
+            return peaks.get(kind)
+    return None

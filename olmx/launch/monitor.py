@@ -37,7 +37,8 @@ def follow(
     """Show progress until ``poll()`` returns an exit code; raise RunFailed on failure. In a
     terminal: a progress bar. Otherwise: a plain line (:func:`format_progress`) every
     ``every_steps`` steps (default ``max_steps // PLAIN_LINES``, at least 1) or ``every_s``
-    seconds, whichever comes first, and one for the last step seen."""
+    seconds, whichever comes first, every evaluated step (with its ``eval/loss``), and one for
+    the last step seen."""
     metrics = RunDir(plan.run_dir).metrics
     total = plan.run.trainer.max_steps
     if console.is_terminal:
@@ -57,6 +58,7 @@ def _follow_bar(plan: Plan, poll: Callable[[], int | None], metrics: Path, conso
         MofNCompleteColumn(),
         BarColumn(),
         TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[eval]}"),
         TextColumn("{task.fields[tps]} tok/s"),
         TextColumn("ETA"),
         TimeRemainingColumn(),
@@ -68,7 +70,7 @@ def _follow_bar(plan: Plan, poll: Callable[[], int | None], metrics: Path, conso
     offset = 0
     with progress:
         task = progress.add_task(
-            "train", total=plan.run.trainer.max_steps, completed=plan.resume_step or 0, loss="-", tps="-"
+            "train", total=plan.run.trainer.max_steps, completed=plan.resume_step or 0, loss="-", eval="", tps="-"
         )
         while True:
             rc = poll()
@@ -77,6 +79,8 @@ def _follow_bar(plan: Plan, poll: Callable[[], int | None], metrics: Path, conso
                 fields: dict[str, Any] = {}
                 if r.get("loss") is not None:
                     fields["loss"] = f"{r['loss']:.3f}"
+                if r.get("eval/loss") is not None:
+                    fields["eval"] = f"eval {r['eval/loss']:.3f}"
                 if r.get("tokens_per_s"):
                     fields["tps"] = f"{r['tokens_per_s']:,.0f}"
                 progress.update(task, completed=r["step"], **fields)
@@ -106,6 +110,7 @@ def _follow_plain(
                 first = (time.monotonic(), r["step"])
             last = r
             due = r["step"] - shown >= every_steps or time.monotonic() - printed_at >= every_s
+            due = due or r.get("eval/loss") is not None  # every evaluation is shown
             if due or r["step"] >= total:
                 console.print(format_progress(r, total, first), markup=False, highlight=False)
                 shown, printed_at = r["step"], time.monotonic()
@@ -117,12 +122,15 @@ def _follow_plain(
 
 
 def format_progress(record: dict[str, Any], total: int, first: tuple[float, int] | None = None) -> str:
-    """'step 40/200 (20%), loss 3.912, 12,345 tok/s, ETA 0:02:10': one metrics record as a
+    """'step 40/200 (20%), loss 3.912, 12,345 tok/s, ETA 0:02:10' (an evaluated step adds 'eval
+    loss 3.950 (perplexity 51.94)' after the loss): one metrics record as a
     plain line (``first``: the time and step this follower started from, for the ETA)."""
     step = record["step"]
     parts = [f"step {step}/{total} ({100 * step // max(total, 1)}%)"]
     if record.get("loss") is not None:
         parts.append(f"loss {record['loss']:.3f}")
+    if record.get("eval/loss") is not None:
+        parts.append(f"eval loss {record['eval/loss']:.3f} (perplexity {record['eval/perplexity']:.2f})")
     if record.get("tokens_per_s"):
         parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
     if first is not None and step > first[1]:

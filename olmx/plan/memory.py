@@ -1,31 +1,52 @@
 """Memory per process, estimated from the plan before anything is launched (no torch).
 
-What one training process holds at its peak (the backward pass of a step after the first,
-when the optimizer state exists), in bytes:
+What one training process holds at its peak, in bytes: the live tensors, which is what
+``torch.cuda.max_memory_allocated`` counts on a GPU and resident memory shows on a CPU when
+glibc returns freed blocks to the system (``MALLOC_MMAP_THRESHOLD_=65536``; with glibc's
+default heap a CPU process keeps freed activation blocks and shows up to 2x more, see
+``benchmarks/results/memory_model.md``). The same terms on every device:
 
 * **parameters**: float32 master weights, ``4 * P / shard`` (FSDP-like layouts shard them
-  over ``dp_shard`` ranks; DDP replicates them).
-* **gradients**: float32, the same layout as the parameters. DDP adds its bucketed copy for
-  the all-reduce (25 MiB buckets: bounded, counted as one bucket per process).
+  over ``dp_shard x cp`` ranks, as OLMo-core folds context parallelism into data parallelism
+  for the parameters; DDP replicates them; what a plugin shards itself, such as sharded
+  Engram tables or experts under ``ddp_ep``, counts once per rank of its group:
+  :attr:`olmx.api.Contribution.sharded_params`).
+* **gradients**: float32, the same layout as the parameters.
 * **optimizer state**: AdamW's two float32 moments, ``8 * P / shard`` (SkipStepAdamW the same).
-* **buffers**: the optimizer step's temporaries (about one more copy of the parameter shard,
-  measured), DDP's bucket, and FSDP's gathered parameters in the compute dtype: two blocks
-  at a time on GPUs (FSDP2 gathers a block and prefetches the next); on CPUs with gloo about
-  one whole copy was measured.
 * **activations** of one micro-batch of ``T = micro_seqs * seq_len / cp`` tokens, in the
-  compute dtype ``b``: per block and token the tensors autograd keeps for backward, about
-  ``(17 d + 2 kv + 5 h) * b`` for an OLMo-core llama-like block (norm inputs and outputs,
-  q/k/v before and after RoPE and QK-norm, the attention output, the SwiGLU's three
-  ``h``-wide inputs and outputs and its product; the constants are fitted to measured peaks);
-  with ``activation_checkpointing=full`` only each block's input (``d * b``) is kept, plus one
-  block recomputed in backward together with its gradients (two blocks' worth); with
-  ``long_context`` the attention part is kept and the feed-forward part recomputed. The
-  output layer adds the logits and their gradient in float32 (``2 * 4 * T * V``) and the
-  embedding output. Attention runs in a memory-efficient kernel (no ``T^2`` term).
+  compute dtype ``b``, per block and token what autograd saves for backward in an OLMo-core
+  llama-like block, counted with saved-tensor hooks (:data:`ATTN_D`, :data:`FF_D`,
+  :data:`FF_H`): ``(6 d + 2 kv) b`` in the attention part (``(d + kv) b`` more with QK-norm)
+  and ``(2 d + 4 h) b`` in the feed-forward; while a block runs backward its ``2 h`` wide
+  gradients are alive too (:data:`TRANSIENT_H`). Under ``torch.autocast`` (bf16 over
+  replicated float32 parameters) the residual stream and the norms stay float32 and the
+  linears read bf16 casts of their inputs: ``14 d`` bytes more per block than pure bf16
+  (:data:`AUTOCAST_D`). ``activation_checkpointing=full`` keeps each block's input and one
+  block recomputed at a time; ``long_context`` keeps what the attention part does, except the
+  norm's inner tensor, which it exchanges for the feed-forward norm's input, and recomputes
+  the feed-forward one block at a time. The output layer adds the logits and their gradient in
+  float32 (``2 * 4 * T * V``) and the embedding output. Attention runs in a memory-efficient
+  kernel (no ``T^2`` term). Plugins add what their own modules keep
+  (:attr:`~olmx.api.Contribution.activation_bytes_per_token`: Ulysses' output in sequence
+  layout and replicated kv heads, the MoE's routed copies and router, Engram's rows).
+* **buffers**: the larger of what is alive with the activations (FSDP2's gathered parameters
+  in the compute dtype, a block and the prefetched next one; autocast's bf16 weight copies, 2
+  bytes a parameter, kept for backward) and the optimizer step's temporaries (one more copy of
+  the parameter shard) less the activations, which are freed by then. DDP's buckets are the
+  gradients themselves (a 2-process DDP run measured the same as one process), and a layer's
+  transient communication (all-to-all, gathered rows) is freed before the peak at the start of
+  the backward pass.
 
-The estimate is compared with measured peaks by ``benchmarks/memory_model.py`` (CPU: resident
-memory above the process's baseline; GPU: ``torch.cuda.max_memory_allocated``); the numbers
-are in ``benchmarks/RESULTS.md``. Device capacity comes from the infra plugin's
+Measured against 21 real runs on CPU (``benchmarks/memory_model.py``, recorded in
+``benchmarks/results/memory_model.md``: ddp, fsdp, hsdp, ddp_ep, Ulysses degree 1/2/4 with
+replicated kv heads, no/full/long_context checkpointing, fp32 and bf16, MoE and Engram with
+replicated and sharded tables). The terms were chosen on 12 of them (measured / estimate
+0.92-1.02; two of those 12 were held out first and missed, 0.87 with ``long_context`` and 0.71
+with FSDP over Ulysses, which led to the ``long_context`` recount and the ``dp_shard x cp``
+sharding) and predict the 9 others at 0.91-1.12 (the worst: MoE under full checkpointing,
+whose recomputed block is an MoE block, 1.12). Not measured on a GPU yet: the script measures
+``torch.cuda.max_memory_allocated`` where CUDA is present (``MEMORY_MODEL=1
+benchmarks/gpu/smoke.sh``). Device capacity comes from the infra plugin's
 :class:`~olmx.api.World` (``device_memory_gib``).
 """
 
@@ -37,9 +58,21 @@ from olmx.api import Mesh, World
 from olmx.config.schema import RunConfig
 
 GIB = 1 << 30
-#: DDP's gradient bucket (torch's default ``bucket_cap_mb=25``).
-DDP_BUCKET = 25 << 20
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
+#: d-wide tensors per token an attention part keeps (the block input, the norm's output, q
+#: before RoPE, the attention output, ...; plus ``2 kv`` for k and v), counted with autograd's
+#: saved-tensor hooks on an OLMo-core block.
+ATTN_D = 6
+#: d- and h-wide tensors per token a SwiGLU feed-forward part keeps (its norm's input and
+#: output; the two projections' outputs, the SiLU and the product).
+FF_D, FF_H = 2, 4
+#: h-wide gradients alive while one block runs backward (measured: grows with tokens, not depth).
+TRANSIENT_H = 2
+#: Bytes per d per block part that autocast adds: the residual stream and the norms stay
+#: float32, the linears read bf16 casts of their inputs (saved-tensor count: 14 d per block).
+AUTOCAST_D = 7
+#: The optimizer step's temporaries, in copies of the parameter shard (foreach AdamW).
+OPTIMIZER_TEMPORARIES = 1
 
 
 @dataclass(frozen=True)
@@ -52,13 +85,31 @@ class MemoryEstimate:
     activations: int
     #: Activations without any activation checkpointing (for the plan's comparison).
     activations_no_ac: int
-    #: Communication and gather buffers (FSDP's gathered block, DDP's bucket).
+    #: FSDP's gathered parameters and autocast's low-precision weight copies, or the optimizer
+    #: step's temporaries where those are larger than the activations (which are freed by then).
     buffers: int
+    #: What the plugins' modules keep per token (summed
+    #: :attr:`olmx.api.Contribution.activation_bytes_per_token`), to estimate a changed run with.
+    plugin_activations: int = 0
 
     @property
     def peak(self) -> int:
         """The estimated peak."""
         return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+def block_activations(run: RunConfig, b: int, autocast: bool) -> tuple[int, int, int]:
+    """Bytes per token of one llama-like block: ``(attention part, feed-forward part, backward
+    transient)`` (see the module docstring)."""
+    m = run.model
+    d, h = m.d_model, m.hidden_size
+    kv = d * (m.n_kv_heads or m.n_heads) // m.n_heads
+    attn = (ATTN_D * d + 2 * kv + ((d + kv) if m.qk_norm else 0)) * b
+    ff = (FF_D * d + FF_H * h) * b
+    if autocast:  # the residual stream and the norms stay float32; the linears read bf16 casts
+        attn += AUTOCAST_D * d
+        ff += AUTOCAST_D * d
+    return attn, ff, TRANSIENT_H * h * b
 
 
 def estimate(
@@ -69,40 +120,47 @@ def estimate(
     param_dtype: str,
     device: str = "cuda",
     sharded: tuple[tuple[int, int], ...] = (),
+    plugin_activations: int = 0,
 ) -> MemoryEstimate:
-    """The estimate for one process of the run on ``device`` (see the module docstring);
-    ``sharded`` lists ``(parameters, ranks)`` that plugins spread over ranks themselves
-    (:attr:`olmx.api.Contribution.sharded_params`)."""
+    """The estimate for one process of the run (see the module docstring: the same terms on
+    every ``device``, whose capacity :func:`check` compares it with); ``sharded`` lists
+    ``(parameters, ranks)`` that plugins spread over ranks themselves
+    (:attr:`olmx.api.Contribution.sharded_params`), ``plugin_activations`` the bytes per token
+    their modules keep (:attr:`olmx.api.Contribution.activation_bytes_per_token`, summed)."""
     m, t = run.model, run.trainer
     b = _DTYPE_BYTES.get(param_dtype, 4)
-    shard = mesh.dp_shard if mesh.shards_params else 1
+    autocast = b < 4 and not mesh.shards_params  # replicated parameters: torch.autocast
+    # OLMo-core flattens the context-parallel ranks into the last data-parallel dimension
+    # (``dp_cp``): FSDP shards over dp_shard x cp
+    shard = mesh.dp_shard * max(1, mesh.cp) if mesh.shards_params else 1
     own = sum(n for n, _ in sharded)
     params = 4 * (total_params - own) // shard + sum(4 * n // max(1, over) for n, over in sharded)
     total_params -= own  # what DDP/FSDP hold
     grads = params
     optimizer = 2 * params
-    d, h = m.d_model, m.hidden_size
-    kv = d * (m.n_kv_heads or m.n_heads) // m.n_heads
+    d = m.d_model
     tokens = t.micro_batch_size * run.data.seq_len // max(1, mesh.cp)
-    attn = (14 * d + 2 * kv + (2 * d if m.qk_norm else 0)) * b
-    ff = (3 * d + 5 * h) * b
-    block = tokens * (attn + ff)
+    attn, ff, transient = block_activations(run, b, autocast)
+    plugin_acts = tokens * plugin_activations
     head = tokens * (2 * d * b + 2 * 4 * vocab)
-    no_ac = m.n_layers * block + head
+    no_ac = m.n_layers * tokens * (attn + ff) + tokens * transient + head + plugin_acts
     ac = t.activation_checkpointing
-    if ac == "full":  # block inputs, and one block recomputed in backward with its gradients
-        acts = m.n_layers * tokens * d * b + 2 * block + head
-    elif ac == "long_context":
-        acts = m.n_layers * tokens * (attn + d * b) + 2 * tokens * ff + head
+    if ac == "full":  # block inputs, and one block recomputed in backward
+        acts = m.n_layers * tokens * d * b + tokens * (attn + ff + transient) + head + plugin_acts
+    elif ac == "long_context":  # feed-forward and norms recomputed (their inputs kept), one at a time
+        # per block the attention part less its norm's inner tensor, plus the feed-forward
+        # norm's input (saved-tensor count: 8 d-wide tensors per block with MHA, not 10)
+        acts = m.n_layers * tokens * attn + tokens * (ff + transient) + head + plugin_acts
     else:
         acts = no_ac
     per_block = 4 * (total_params - 2 * vocab * d) // max(1, m.n_layers)
-    if mesh.shards_params:  # FSDP2: two blocks gathered on GPUs; on CPUs (gloo) a whole copy was measured
-        comm = (per_block * 2 if device == "cuda" else 4 * total_params) * b // 4
-    else:
-        comm = DDP_BUCKET if mesh.dp > 1 else 0
-    buffers = comm + params  # + the optimizer step's temporaries: about one more copy of the shard
-    return MemoryEstimate(params, grads, optimizer, acts, no_ac, buffers)
+    # FSDP2 gathers a block and prefetches the next, in the compute dtype; DDP's buckets are the
+    # gradients (a 2-process DDP run measured the same as one process)
+    comm = 2 * per_block * b // 4 if mesh.shards_params else 0
+    copies = 2 * total_params if autocast else 0  # autocast's bf16 weight copies, kept for backward
+    step = OPTIMIZER_TEMPORARIES * params  # the optimizer step's temporaries, after backward
+    buffers = max(comm + copies, step - acts)
+    return MemoryEstimate(params, grads, optimizer, acts, no_ac, buffers, plugin_activations)
 
 
 def gib(n: int | float) -> str:
@@ -168,7 +226,10 @@ def check(
         (
             f"{change} (estimated {gib(e.peak)})"
             for change, r, m in tries
-            if (e := estimate(r, m, total_params, vocab, param_dtype, world.device, sharded)).peak <= cap * GIB
+            if (
+                e := estimate(r, m, total_params, vocab, param_dtype, world.device, sharded, est.plugin_activations)
+            ).peak
+            <= cap * GIB
         ),
         "more processes to shard over, a smaller model or a shorter data.seq_len",
     )

@@ -9,18 +9,21 @@ from __future__ import annotations
 import math
 import os
 import sysconfig
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from olmx import __version__
 from olmx.api import CLAIMABLE_DIMS, CONFIG_GROUPS, KIND_ORDER, Context, Contribution, Mesh, Plugin, World, check_dtypes
-from olmx.config.schema import ModelConfig, RunConfig
+from olmx.config.schema import AUTO, ModelConfig, RunConfig
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan import BatchPlan, ParamCounts, Plan
 from olmx.plan.execution import resolve_execution
 from olmx.plan.hf import check_init_from
+from olmx.plan.memory import MemoryEstimate
 from olmx.plan.resume import check_resume
+from olmx.plan.tokenizer import resolve_tokenizer
 from olmx.registry import Registry
 from olmx.rundir import RunDir
 
@@ -68,14 +71,95 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     world: World = infra.world(run.infra[run.infra_name])
     if world.size < 1:
         raise ConfigError("infra", f"the run needs at least one process, got {world.nnodes} x {world.nproc_per_node}")
+    run = resolve_tokenizer(run, files_here=infra.data_on_this_machine(run.infra[run.infra_name]))
     _check_model(run.model)
     _check_trainer(run)
+    run, eval_off = _default_holdout(run, files_here=infra.data_on_this_machine(run.infra[run.infra_name]))
     data_rows = _check_data(run, files_here=infra.data_on_this_machine(run.infra[run.infra_name]))
 
-    ctx = context(run, world, reg)
+    from olmx.plan import auto, memory, throughput
+
+    def fit(candidate: RunConfig) -> auto.Fit:
+        e = estimated(candidate, world, reg)
+        return auto.Fit(peak=e.est.peak, dp=e.mesh.dp)
+
+    choice = auto.choose(run, world, reg, fit)  # the user's run where nothing is auto
+    run = choice.run
+    ev = estimated(run, world, reg)
+    ctx, contributions, batch, params, est, sharded = ev.ctx, ev.contributions, ev.batch, ev.params, ev.est, ev.sharded
     mesh, dtypes, vocab = ctx.mesh, ctx.dtypes, ctx.vocab_size
+    data_rows += _check_eval(run, mesh, files_here=infra.data_on_this_machine(run.infra[run.infra_name]), off=eval_off)
     assert ctx.execution is not None
     execution = ctx.execution
+    mem_warnings = memory.check(est, run, mesh, world, params.total, vocab, dtypes.param, sharded)
+    mem_rows = memory.rows(est, world)
+    time_rows = throughput.rows(throughput.estimate(run, world, params, batch, dtypes.param), run, world, dtypes.param)
+    run_dir = _run_dir(run, now or datetime.now())
+    resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
+    if resume_step is not None:
+        check_resume(run, run_dir, resume_step)
+    model_rows = check_init_from(run, vocab, resume_step) if run.model.init_from else []
+    return Plan(
+        run=run,
+        world=world,
+        mesh=mesh,
+        dtypes=dtypes,
+        batch=batch,
+        params=params,
+        vocab_size=vocab,
+        run_dir=run_dir,
+        resume_step=resume_step,
+        execution=execution,
+        decisions={k: c.decisions for k, c in contributions.items() if c.decisions},
+        sections={
+            "data": data_rows,
+            **({"model": model_rows} if model_rows else {}),
+            **{k: c.rows for k, c in contributions.items()},
+            **({"auto": choice.rows} if choice.rows else {}),
+            "memory": mem_rows,
+            "time": time_rows,
+            **(
+                {"warnings": warnings}
+                if (
+                    warnings := _warnings(run)
+                    + _scale_warnings(run, params)
+                    + [("auto", choice.warning)] * bool(choice.warning)
+                    + [("world", w) for w in world.warnings]
+                    + [("memory", w) for w in mem_warnings]
+                )
+                else {}
+            ),
+        },
+        olmx_version=__version__,
+    )
+
+
+@dataclass(frozen=True)
+class Estimated:
+    """A run checked against its world as far as its memory estimate (resolve's passes up to
+    the plugins' ``resolve``, the batch geometry, the parameter counts)."""
+
+    ctx: Context
+    contributions: dict[str, Contribution]
+    batch: BatchPlan
+    params: ParamCounts
+    est: MemoryEstimate
+    #: ``(parameters, ranks)`` the plugins spread over ranks themselves.
+    sharded: tuple[tuple[int, int], ...]
+
+    @property
+    def mesh(self) -> Mesh:
+        """The run's mesh."""
+        return self.ctx.mesh
+
+
+def estimated(run: RunConfig, world: World, reg: Registry) -> Estimated:
+    """The passes of :func:`resolve` that decide the memory estimate; raises ConfigError where
+    the run is refused. Resolve runs them once per ``auto`` candidate (:mod:`olmx.plan.auto`)."""
+    from olmx.plan import memory
+
+    ctx = context(run, world, reg)
+    mesh, vocab = ctx.mesh, ctx.vocab_size
     contributions: dict[str, Contribution] = {}
     for plugin, cfg in plugins_in_order(run, reg):
         contributions[plugin.section] = plugin.resolve(cfg, ctx)
@@ -100,47 +184,10 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     extra = sum(c.params for c in contributions.values())
     extra_active = sum(c.active_params for c in contributions.values())
     params = ParamCounts(total=base.total + extra, embedding=base.embedding, active=base.active + extra_active)
-
-    from olmx.plan import memory
-
     sharded = tuple((c.sharded_params, c.sharded_over) for c in contributions.values() if c.sharded_params)
-    est = memory.estimate(run, mesh, params.total, vocab, dtypes.param, world.device, sharded)
-    mem_warnings = memory.check(est, run, mesh, world, params.total, vocab, dtypes.param, sharded)
-    mem_rows = memory.rows(est, world)
-    run_dir = _run_dir(run, now or datetime.now())
-    resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
-    if resume_step is not None:
-        check_resume(run, run_dir, resume_step)
-    model_rows = check_init_from(run, vocab, resume_step) if run.model.init_from else []
-    return Plan(
-        run=run,
-        world=world,
-        mesh=mesh,
-        dtypes=dtypes,
-        batch=batch,
-        params=params,
-        vocab_size=vocab,
-        run_dir=run_dir,
-        resume_step=resume_step,
-        execution=execution,
-        decisions={k: c.decisions for k, c in contributions.items() if c.decisions},
-        sections={
-            "data": data_rows,
-            **({"model": model_rows} if model_rows else {}),
-            **{k: c.rows for k, c in contributions.items()},
-            "memory": mem_rows,
-            **(
-                {"warnings": warnings}
-                if (
-                    warnings := _warnings(run)
-                    + [("world", w) for w in world.warnings]
-                    + [("memory", w) for w in mem_warnings]
-                )
-                else {}
-            ),
-        },
-        olmx_version=__version__,
-    )
+    plugin_acts = sum(c.activation_bytes_per_token for c in contributions.values())
+    est = memory.estimate(run, mesh, params.total, vocab, ctx.dtypes.param, world.device, sharded, plugin_acts)
+    return Estimated(ctx, contributions, batch, params, est, sharded)
 
 
 def context(run: RunConfig, world: World, reg: Registry) -> Context:
@@ -167,7 +214,7 @@ def context(run: RunConfig, world: World, reg: Registry) -> Context:
 
 
 def plugins_in_order(run: RunConfig, reg: Registry) -> list[tuple[Plugin, Any]]:
-    """``(plugin, cfg)`` of the run's parallel, precision and layer plugins, in
+    """``(plugin, cfg)`` of the run's parallel, precision, layer and tracker plugins, in
     :data:`olmx.api.KIND_ORDER` (layers by their ``order``): the order in which the core calls
     ``resolve``, ``apply_train_module`` and ``callbacks``."""
     out: list[tuple[Plugin, Any]] = []
@@ -323,7 +370,7 @@ def _check_data(run: RunConfig, *, files_here: bool = True) -> list[tuple[str, s
             raise ConfigError(f"data.tokenizer.{key}", f"{value} is outside the vocabulary [0, {tok.vocab_size})")
     if d.name == "stdlib" and not Path(sysconfig.get_paths()["stdlib"]).is_dir():
         raise ConfigError("data.name", "this Python has no standard-library sources; use data=text data.paths=[...]")
-    if d.name in ("stdlib", "text"):
+    if d.name in ("stdlib", "text") and not tok.path:  # with a tokenizer: olmx.plan.tokenizer checks
         if tok.name != "bytes":
             raise ConfigError("data.tokenizer.name", f"data={d.name} is tokenized byte-level: use the bytes tokenizer")
         low, high = BYTE_VOCAB
@@ -337,11 +384,16 @@ def _check_data(run: RunConfig, *, files_here: bool = True) -> list[tuple[str, s
             raise ConfigError(
                 "data.tokenizer.eos_id", f"{tok.eos_id} is a byte (0-255) in data={d.name}: use an id >= 256"
             )
-    if d.name != "stdlib" and not d.paths:
-        raise ConfigError("data.paths", f"data={d.name} needs at least one file: data.paths=[path/to/file,...]")
+    _check_mixture(run)
+    if d.name != "stdlib" and not d.paths and not d.sources:
+        raise ConfigError(
+            "data.paths",
+            f"data={d.name} needs at least one file: data.paths=[path/to/file,...] (or named sources: "
+            "data.sources.NAME.paths=[...])",
+        )
     if not files_here:
         return [("corpus", f"data={d.name}, on the target's machines (not read here)")]
-    return _check_corpus(run)
+    return _check_sources(run) if d.sources else _check_corpus(run)
 
 
 def _check_corpus(run: RunConfig) -> list[tuple[str, str]]:
@@ -349,19 +401,23 @@ def _check_corpus(run: RunConfig) -> list[tuple[str, str]]:
     their ids (``numpy``), that it holds one optimizer step (OLMo-core cuts each token file into
     whole sequences of ``data.seq_len``; a step takes ``trainer.global_batch_size`` of them), and
     that the cache it is written to is writable. Returns the plan's ``data`` rows."""
+    from olmx.plan.tokenizer import tokenizer_rows as plan_tokenizer_rows
+    from olmx.tokenize import tokenized_file_rows
     from olmx.worker import data as tokens
 
     d, tok = run.data, run.data.tokenizer
     seq, need = d.seq_len, run.trainer.global_batch_size
     if d.name == "numpy":
-        files = [tokens.inspect_token_file(p, tok.vocab_size) for p in tokens.corpus_files(d.paths, example="*.npy")]
+        found = tokens.corpus_files(d.paths, example="*.npy")
+        tokenizer_rows = tokenized_file_rows(run, found)  # olmx data tokenize's files: its tokenizer first
+        files = [tokens.inspect_token_file(p, tok.vocab_size) for p in found]
         total, longest = sum(f.tokens for f in files), max(f.tokens for f in files)
         sequences = sum(f.tokens // seq for f in files)
         saved = [f for f in files if f.header]
         dtype = tokens.token_dtype(tok.vocab_size)
         kinds = [f"{len(files) - len(saved)} raw {dtype}"] if len(saved) < len(files) else []
         kinds += [f"{len(saved)} np.save'd {'/'.join(sorted({f.dtype for f in saved}))}"] if saved else []
-        rows = [("corpus", f"{len(files)} file(s) ({', '.join(kinds)}), {total:,} tokens")]
+        rows = [("corpus", f"{len(files)} file(s) ({', '.join(kinds)}), {total:,} tokens"), *tokenizer_rows]
         if saved:
             root = tokens.check_cache_dir(d)
             rows.append(("np.save'd files", f"read through their header, copied once as raw {dtype} into {root}"))
@@ -378,14 +434,19 @@ def _check_corpus(run: RunConfig) -> list[tuple[str, str]]:
         total = tokens.byte_corpus_tokens(paths)
         if total == len(paths):
             raise ConfigError("data.paths", "the corpus is empty: its files hold no bytes")
+        kind, tokenizer_rows = "byte-level tokens", []
+        if tok.path:  # exact once cached, else a bound: nothing is tokenized at plan time
+            total, exact = tokens.tokenizer_corpus_tokens(d, paths)
+            kind = "tokens" if exact else "tokens at most (one per byte until the first run tokenizes them)"
+            tokenizer_rows = plan_tokenizer_rows(run)
         if total < seq:
             raise ConfigError(
                 "data.seq_len",
-                f"{seq:,} tokens per sequence is longer than the corpus ({total:,} byte-level tokens)",
+                f"{seq:,} tokens per sequence is longer than the corpus ({total:,} {kind})",
             )
         sequences = total // seq
         root = tokens.check_cache_dir(d)
-        rows = [("corpus", f"{len(paths):,} file(s), {total:,} byte-level tokens, cached in {root}")]
+        rows = [("corpus", f"{len(paths):,} file(s), {total:,} {kind}, cached in {root}"), *tokenizer_rows]
     if sequences < need:
         raise ConfigError(
             "data.paths",
@@ -398,6 +459,227 @@ def _check_corpus(run: RunConfig) -> list[tuple[str, str]]:
     )
     rows.append(("sequences", f"{sequences:,} x {seq:,} tokens = {steps:,} steps per epoch{repeats}"))
     return rows
+
+
+def _message(exc: ConfigError) -> str:
+    """A ConfigError's message without its field (to raise it again under another field)."""
+    return str(exc).removeprefix(f"{exc.field}: ")
+
+
+def _check_mixture(run: RunConfig) -> None:
+    """``data.sources`` settings, before any file is read: not with ``data.paths`` nor the
+    built-in stdlib corpus, each source with files and a positive weight."""
+    d = run.data
+    if not d.sources:
+        return
+    if d.paths:
+        raise ConfigError(
+            "data.sources", "set data.paths or data.sources, not both (the sources replace data.paths: data.paths=[])"
+        )
+    if d.name == "stdlib":
+        raise ConfigError("data.sources", "data=stdlib is one built-in corpus; a mixture needs data=text or data=numpy")
+    for name, source in d.sources.items():
+        if not source.paths:
+            raise ConfigError(f"data.sources.{name}.paths", "a source needs at least one file: [path/to/file,...]")
+        if not (math.isfinite(source.weight) and source.weight > 0):
+            raise ConfigError(
+                f"data.sources.{name}.weight",
+                f"must be a positive finite number (weights are normalised over the sources), got {source.weight}",
+            )
+
+
+def _check_sources(run: RunConfig) -> list[tuple[str, str]]:
+    """A mixture's files, source by source (as :func:`_check_corpus`, errors naming
+    ``data.sources.NAME.paths``; a file belongs to one source), and what each source gives the
+    run: OLMo-core asks ``int(run tokens x share)`` tokens of it, repeating a source that has
+    fewer (more than one epoch is flagged). Returns the plan's ``data`` rows."""
+    from olmx.worker import data as tokens
+    from olmx.worker import sources
+
+    d, tok, seq = run.data, run.data.tokenizer, run.data.seq_len
+    owner: dict[Path, str] = {}
+    for name, source in d.sources.items():
+        field = f"data.sources.{name}.paths"
+        try:
+            files = tokens.corpus_files(source.paths, example="*.npy" if d.name == "numpy" else "*")
+            if d.name == "numpy":
+                for path in files:
+                    tokens.inspect_token_file(path, tok.vocab_size)
+        except ConfigError as exc:
+            raise ConfigError(field, _message(exc)) from None
+        for path in files:
+            other = owner.setdefault(path.absolute(), name)
+            if other != name:
+                raise ConfigError(
+                    field, f"'{path}' is also in data.sources.{other}.paths; a file belongs to one source"
+                )
+    if d.name != "numpy":
+        tokens.check_cache_dir(d)
+    arrays = {name: sources.array_tokens(d, s.paths) for name, s in d.sources.items()}
+    split = sources.split(arrays, sources.shares(d), seq_len=seq, holdout=sources.holdout_count(run))
+    run_tokens = run.trainer.max_steps * run.trainer.global_batch_size * seq
+    rows = [
+        (
+            "mixture",
+            f"{len(split)} sources, {run_tokens:,} tokens over the run (trainer.max_steps={run.trainer.max_steps} "
+            f"x {run.trainer.global_batch_size * seq:,}), sampled by OLMo-core's source mixture",
+        )
+    ]
+    for s in split:
+        weight = d.sources[s.name].weight
+        train = sum(s.train_tokens)
+        if not train:
+            why = f", all held out for evaluation (eval.holdout_sequences gives it {s.held_out})" if s.held_out else ""
+            raise ConfigError(
+                f"data.sources.{s.name}.paths",
+                f"the source holds {s.sequences:,} whole sequence(s) of data.seq_len={seq}{why}; "
+                "it needs at least one to train on",
+            )
+        gives = round(run_tokens * s.share / seq) * seq  # OLMo-core rounds to whole sequences
+        epochs = gives / train
+        held = f", {s.held_out:,} held out" if s.held_out else ""
+        flag = f" -- REPEATED: each of its tokens is trained on {epochs:.2f} times" if epochs > 1 else ""
+        rows.append(
+            (
+                f"source {s.name}",
+                f"{len(s.paths)} array(s), {sum(s.tokens):,} tokens ({train // seq:,} sequences to train on{held}), "
+                f"weight {weight:g} = {s.share:.1%}: ~{gives:,} tokens over the run = {epochs:.2f} epochs{flag}",
+            )
+        )
+    return rows
+
+
+def _check_eval(run: RunConfig, mesh: Mesh, *, files_here: bool = True, off: str = "") -> list[tuple[str, str]]:
+    """The ``eval`` settings against the batch geometry; with ``files_here`` also ``eval.data``'s
+    files, or that the held-out slice leaves one optimizer step of training data (each source of a
+    mixture at least one sequence). Evaluation runs in whole global batches of
+    ``trainer.micro_batch_size`` x data-parallel ranks sequences (fewer per rank where fewer are
+    evaluated); ``off`` is why the default turned evaluation off. Returns the plan's ``data`` rows."""
+    from olmx.worker import sources
+
+    e, seq = run.eval, run.data.seq_len
+    if e.interval is not None and e.interval < 0:
+        raise ConfigError(
+            "eval.interval", f"must be a positive number of steps, or null or 0 (no evaluation), got {e.interval}"
+        )
+    if not sources.eval_on(run):
+        return [("evaluation", off or "off (eval.interval)")]
+    dp = mesh.dp
+    if e.max_sequences is not None and e.max_sequences < dp:
+        raise ConfigError(
+            "eval.max_sequences",
+            f"{e.max_sequences} is less than one sequence per data-parallel rank ({dp}), or null for all",
+        )
+    if not e.data and sources.holdout_count(run) < 1:
+        raise ConfigError(
+            "eval.holdout_sequences",
+            f"must be at least 1 to evaluate on a held-out slice, got {e.holdout_sequences} "
+            "(or evaluate on eval.data=[...], or switch evaluation off with eval.interval=0)",
+        )
+    when = f"every {e.interval} steps and at step {run.trainer.max_steps}"
+    if not files_here:
+        return [("evaluation", f"{when}, on the target's machines (files not read here)")]
+    if e.data:
+        available, what, rows = _eval_data(run), "eval.data", []
+        source = "eval.data"
+    else:
+        rows = _held_out(run)
+        available, what = sources.holdout_count(run), "eval.holdout_sequences"
+        source = "the held-out slice"
+    limit = min(available, e.max_sequences or available)
+    batch = sources.eval_batch(run.trainer.micro_batch_size, dp, limit)
+    count = limit // batch * batch
+    if not count:
+        raise ConfigError(
+            what,
+            f"{available:,} sequence(s) of data.seq_len={seq} are fewer than the {dp} data-parallel ranks "
+            "that evaluate them (one sequence each at least)",
+        )
+    rows.insert(
+        0,
+        (
+            "evaluation",
+            f"{when}: loss and perplexity of {count:,} sequences of {source} ({count // batch} batch(es) of {batch})",
+        ),
+    )
+    return rows
+
+
+def _default_holdout(run: RunConfig, *, files_here: bool) -> tuple[RunConfig, str]:
+    """``eval.holdout_sequences=null``: the run with :data:`~olmx.worker.sources.DEFAULT_HOLDOUT`
+    sequences held out, or with evaluation off (and the plan's row saying why) where the training
+    data cannot spare them and still fill one optimizer step (each source of a mixture one
+    sequence). Files that cannot be read are left to the data checks, which name them. Returns the
+    run and why evaluation is off ("" where it is not turned off)."""
+    from olmx.worker import sources
+
+    e, d = run.eval, run.data
+    if e.holdout_sequences is not None or e.data or not sources.eval_on(run):
+        return run, ""
+    held = replace(run, eval=replace(e, holdout_sequences=sources.DEFAULT_HOLDOUT))
+    if not files_here:
+        return held, ""
+    try:
+        arrays = {name: sources.array_tokens(d, paths) for name, paths in sources.source_paths(d).items()}
+    except (OSError, ConfigError):
+        return held, ""
+    split = sources.split(arrays, sources.shares(d), seq_len=d.seq_len, holdout=sources.DEFAULT_HOLDOUT)
+    train = [sum(s.train_tokens) // d.seq_len for s in split]
+    if min(train) >= 1 if d.sources else train[0] >= run.trainer.global_batch_size:
+        return held, ""
+    total = sum(s.sequences for s in split)
+    why = (
+        f"off: the training data's {total:,} sequences of data.seq_len={d.seq_len} cannot spare "
+        f"{sources.DEFAULT_HOLDOUT} to hold out and still fill an optimizer step (trainer.global_batch_size="
+        f"{run.trainer.global_batch_size}); evaluate on eval.data=[...] or set eval.holdout_sequences"
+    )
+    return replace(run, eval=replace(e, interval=0)), why
+
+
+def _eval_data(run: RunConfig) -> int:
+    """Whole sequences of ``eval.data``'s files (checked as training files are, errors naming
+    ``eval.data``), tokenized like the training data."""
+    from olmx.worker import data as tokens
+    from olmx.worker import sources
+
+    d, seq = run.data, run.data.seq_len
+    kind = "numpy" if d.name == "numpy" else "text"
+    try:
+        files = tokens.corpus_files(run.eval.data, example="*.npy" if kind == "numpy" else "*")
+        if kind == "numpy":
+            for path in files:
+                tokens.inspect_token_file(path, d.tokenizer.vocab_size)
+    except ConfigError as exc:
+        raise ConfigError("eval.data", _message(exc)) from None
+    arrays = sources.array_tokens(replace(d, name=kind, sources={}), run.eval.data)
+    return sum(n // seq for _, n in arrays)
+
+
+def _held_out(run: RunConfig) -> list[tuple[str, str]]:
+    """The held-out slice cut from the training data (:mod:`olmx.worker.sources`): it must leave
+    one optimizer step to train on (a mixture: each source a sequence, checked by
+    :func:`_check_sources`). Returns the plan's row."""
+    from olmx.worker import sources
+
+    d, seq, need = run.data, run.data.seq_len, run.trainer.global_batch_size
+    arrays = {name: sources.array_tokens(d, paths) for name, paths in sources.source_paths(d).items()}
+    held = sources.holdout_count(run)
+    split = sources.split(arrays, sources.shares(d), seq_len=seq, holdout=held)
+    train = sum(sum(s.train_tokens) for s in split) // seq
+    if not d.sources and train < need:
+        raise ConfigError(
+            "eval.holdout_sequences",
+            f"holding out {held:,} of the corpus's {train + held:,} sequences leaves {train:,}, less than one "
+            f"optimizer step (trainer.global_batch_size={need}); hold out fewer or evaluate on eval.data=[...]",
+        )
+    per_source = f" ({', '.join(f'{s.name} {s.held_out:,}' for s in split)})" if d.sources else ""
+    return [
+        (
+            "held out",
+            f"{held:,} sequences x {seq:,} tokens = {held * seq:,} tokens from the end of the training data"
+            f"{per_source}, never trained on",
+        )
+    ]
 
 
 def _check_trainer(run: RunConfig) -> None:
@@ -427,11 +709,13 @@ def _check_trainer(run: RunConfig) -> None:
         raise ConfigError("trainer.optimizer", f"'{t.optimizer}' is not one of {', '.join(OPTIMIZERS)}")
     if t.on_nonfinite not in ("stop", "skip"):
         raise ConfigError("trainer.on_nonfinite", f"'{t.on_nonfinite}' is not one of stop, skip")
-    if t.activation_checkpointing not in (None, *AC_MODES):
+    if t.activation_checkpointing not in (None, *AC_MODES, AUTO):
         raise ConfigError(
             "trainer.activation_checkpointing",
-            f"'{t.activation_checkpointing}' is not one of {', '.join(AC_MODES)}, null",
+            f"'{t.activation_checkpointing}' is not one of {', '.join(AC_MODES)}, {AUTO}, null",
         )
+    if not (math.isfinite(t.assumed_mfu) and 0 < t.assumed_mfu <= 1):
+        raise ConfigError("trainer.assumed_mfu", f"must be a number in (0, 1], got {t.assumed_mfu}")
 
 
 def _warnings(run: RunConfig) -> list[tuple[str, str]]:
@@ -453,6 +737,32 @@ def _warnings(run: RunConfig) -> list[tuple[str, str]]:
             )
         )
     return rows
+
+
+#: A model this large (parameters) ...
+LARGE_MODEL = 10**9
+#: ... is pre-trained on long sequences and millions of tokens per step: OLMo 3 7B on 512
+#: sequences of 8,192 tokens = 4,194,304 tokens per step (OLMo-core 3's official script,
+#: ``src/scripts/official/OLMo3/OLMo-3-1025-7B-pretrain-1.py``). The plan warns below a
+#: quarter of either.
+REFERENCE_SEQ_LEN, REFERENCE_STEP_TOKENS = 8192, 512 * 8192
+
+
+def _scale_warnings(run: RunConfig, params: ParamCounts) -> list[tuple[str, str]]:
+    """A large model with a short sequence or a small batch (the defaults are for the tiny
+    model): a smoke test, or settings that were not carried over."""
+    seq, seqs = run.data.seq_len, run.trainer.global_batch_size
+    if params.total < LARGE_MODEL or (seq >= REFERENCE_SEQ_LEN // 4 and seq * seqs >= REFERENCE_STEP_TOKENS // 4):
+        return []
+    return [
+        (
+            "scale",
+            f"model={run.model.name} has {params.total / 1e9:.1f}B parameters but trains on data.seq_len={seq:,} x "
+            f"trainer.global_batch_size={seqs} = {seq * seqs:,} tokens per step; OLMo 3 7B was pre-trained on "
+            f"{REFERENCE_SEQ_LEN:,}-token sequences, {REFERENCE_STEP_TOKENS:,} tokens per step (OLMo-core's official "
+            f"script). Fine for a smoke test; for training set data.seq_len and trainer.global_batch_size",
+        )
+    ]
 
 
 def _run_dir(run: RunConfig, now: datetime) -> str:

@@ -45,7 +45,19 @@ def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
         for key in sorted(a.keys() & b.keys()):
             if a[key] != b[key] and key not in RESUME_FREE_KEYS:
                 out.append(f"{key}: {a[key]!r} -> {b[key]!r}")
+    held = [_held_out(config) for config in (saved, new)]
+    if held[0] != held[1]:  # the held-out slice is cut from the training data: it changes the batches
+        settings = "eval.interval, eval.data, eval.holdout_sequences"
+        out.append(f"sequences held out of the training data for evaluation ({settings}): {held[0]} -> {held[1]}")
     return out
+
+
+def _held_out(config: dict[str, Any]) -> int:
+    """Sequences a plain run config holds out of its training data (none before ``eval`` existed)."""
+    from olmx.worker.sources import held_out_sequences
+
+    e = config.get("eval") or {}
+    return held_out_sequences(e.get("interval"), e.get("data") or [], e.get("holdout_sequences", 0))
 
 
 def check_resume(run: Any, run_dir: str, resume_step: int) -> None:

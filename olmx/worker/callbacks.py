@@ -3,9 +3,11 @@
 Rank 0 appends one JSON object per logged step (``step``, ``loss``, ``lr``, ``tokens``,
 ``tokens_per_s``, ``tokens_per_s_per_process``, ``flops_per_s_per_device``, ``mfu`` (OLMo-core's,
 where it knows the device), ``peak_mem_mib``, ``time``; a step skipped for a non-finite loss
-has ``loss: null`` and ``skipped: true``); the launcher follows that file to draw its progress
-bar. At the end (also when the run stops early on a signal or a non-finite loss) every rank's
-throughput and peak memory are gathered into ``summary.json``, with how the run ended.
+has ``loss: null`` and ``skipped: true``; an evaluated step adds ``eval/loss`` and
+``eval/perplexity``, from OLMo-core's evaluator: :func:`olmx.worker.datasets.eval_record`); the
+launcher follows that file to draw its progress bar. At the end (also when the run stops early
+on a signal or a non-finite loss) every rank's throughput and peak memory are gathered into
+``summary.json``, with how the run ended.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from olmo_core.train.callbacks import Callback
 
 from olmx.rundir import RunDir
+from olmx.worker.datasets import eval_record
 
 
 def peak_memory_mib(device: Any) -> float:
@@ -56,6 +59,8 @@ class OlmxMetricsCallback(Callback):
     tokens_per_step: int = 0
     world_size: int = 1
     resumed_from: int | None = None
+    #: Tokens per sequence (for the evaluator's loss, :func:`olmx.worker.datasets.eval_record`).
+    seq_len: int = 2
     _t0: float | None = field(default=None, repr=False)
     _step0: int = field(default=0, repr=False)
     _last_time: float = field(default=0.0, repr=False)
@@ -88,7 +93,8 @@ class OlmxMetricsCallback(Callback):
         from olmo_core.distributed.utils import get_rank
 
         skipped = bool(metrics.get("olmx/non-finite step"))
-        if get_rank() != 0 or ("train/CE loss" not in metrics and not skipped):
+        evaluated = eval_record(metrics, self.seq_len)
+        if get_rank() != 0 or ("train/CE loss" not in metrics and not skipped and not evaluated):
             return
         tps = self._tokens_per_s()
         record = {
@@ -105,6 +111,7 @@ class OlmxMetricsCallback(Callback):
         }
         if skipped:
             record["skipped"] = True
+        record.update(evaluated)
         with open(RunDir(self.run_dir).metrics, "a") as f:
             f.write(json.dumps(record) + "\n")
 

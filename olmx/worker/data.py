@@ -4,7 +4,10 @@
 after each file) into a raw ``uint16`` token array, the format OLMo-core's numpy datasets
 read (no header). The array is written once into the cache directory under a name derived
 from the files' paths, sizes and modification times, and reused; a file lock makes
-concurrent ranks wait for the first writer instead of racing it.
+concurrent ranks wait for the first writer instead of racing it. With ``data.tokenizer.path``
+they are encoded with that Hugging Face tokenizer instead (:mod:`olmx.worker.tokenizer`, as
+``olmx data tokenize`` encodes), into a cache in the vocabulary's dtype whose name also derives
+from the tokenizer file's SHA-256 and special ids (:func:`text_cache_file`).
 
 ``numpy`` files are OLMo-core's raw token arrays: no header, ids in the dtype OLMo-core chooses
 from the vocabulary (:func:`token_dtype`: the smallest unsigned type that holds every id).
@@ -362,8 +365,8 @@ def raw_copy(path: Path, header: NpyHeader, data: DataConfig) -> Path:
 
 
 def token_files(data: DataConfig) -> list[str]:
-    """Paths of the raw token arrays OLMo-core reads for ``data``: byte-level caches of
-    ``stdlib``/``text`` (tokenized into the cache first if needed), the raw files of ``numpy``
+    """Paths of the raw token arrays OLMo-core reads for ``data``: caches of ``stdlib``/``text``
+    (tokenized byte-level, or with ``data.tokenizer.path``, into the cache first if needed), the raw files of ``numpy``
     as they are and raw copies of its ``np.save``'d files (:func:`raw_copy`)."""
     if data.name == "numpy":
         arrays: list[str] = []
@@ -372,16 +375,61 @@ def token_files(data: DataConfig) -> list[str]:
             arrays.append(str(path if header is None else raw_copy(path, header, data)))
         return arrays
     files = stdlib_files() if data.name == "stdlib" else text_files(data.paths)
-    key = hashlib.sha256(f"{sys.version}|{data.tokenizer.eos_id}".encode())
-    for path in files:
-        st = path.stat()
-        key.update(f"{path}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-    root = cache_dir(data)
-    root.mkdir(parents=True, exist_ok=True)
-    out = root / f"{data.name}-bytes-{key.hexdigest()[:16]}.u16.npy"
+    out = text_cache_file(data, files)
+    out.parent.mkdir(parents=True, exist_ok=True)
     from filelock import FileLock
 
     with FileLock(str(out) + ".lock"):
         if not out.exists():
-            tokenize_bytes(files, data.tokenizer.eos_id, out)
+            if data.tokenizer.path:
+                tokenize_with_tokenizer(files, data, out)
+            else:
+                tokenize_bytes(files, data.tokenizer.eos_id, out)
     return [str(out)]
+
+
+def text_cache_file(data: DataConfig, files: list[Path]) -> Path:
+    """The cache file of the tokens of the ``stdlib``/``text`` ``files``: named from their paths,
+    sizes and modification times and the tokenizer (byte-level: the end-of-document id; with
+    ``data.tokenizer.path``: the tokenizer file's SHA-256 and the special ids), so a change to
+    any of them makes a new cache."""
+    tok = data.tokenizer
+    if tok.path:
+        from olmx.plan.tokenizer import read_tokenizer_json
+
+        sha = read_tokenizer_json(tok.path).sha256
+        key = hashlib.sha256(f"{sha}|{tok.vocab_size}|{tok.eos_id}|{tok.bos_id}|v1".encode())
+        label, suffix = f"tok{sha[:8]}", token_dtype(tok.vocab_size)
+    else:
+        key = hashlib.sha256(f"{sys.version}|{tok.eos_id}".encode())
+        label, suffix = "bytes", "u16"
+    for path in files:
+        st = path.stat()
+        key.update(f"{path}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return cache_dir(data) / f"{data.name}-{label}-{key.hexdigest()[:16]}.{suffix}.npy"
+
+
+def tokenize_with_tokenizer(files: list[Path], data: DataConfig, out: Path) -> int:
+    """Write the tokens of ``files`` (one document each) encoded with ``data.tokenizer.path``
+    (:func:`olmx.worker.tokenizer.tokenize_to_file`: the ids ``olmx data tokenize`` writes) to ``out``."""
+    from olmx.worker.tokenizer import Specials, tokenize_to_file
+
+    tok = data.tokenizer
+    assert tok.path
+    dtype = token_dtype(tok.vocab_size)
+    specials = Specials(vocab_size=tok.vocab_size, eos_id=tok.eos_id, pad_id=tok.pad_id, bos_id=tok.bos_id, dtype=dtype)
+    return tokenize_to_file(files, tok.path, specials, out)
+
+
+def tokenizer_corpus_tokens(data: DataConfig, files: list[Path]) -> tuple[int, bool]:
+    """``(tokens, exact)`` of the ``stdlib``/``text`` ``files`` with ``data.tokenizer.path``, at
+    plan time: exact where their cache exists already (:func:`text_cache_file`), else a bound
+    known without tokenizing (one token per byte, plus the end- and beginning-of-document ids:
+    a byte-level BPE never makes more). Nothing is tokenized here."""
+    import numpy as np
+
+    tok = data.tokenizer
+    cache = text_cache_file(data, files)
+    if cache.is_file():
+        return cache.stat().st_size // np.dtype(token_dtype(tok.vocab_size)).itemsize, True
+    return byte_corpus_tokens(files) + (len(files) if tok.bos_id is not None else 0), False

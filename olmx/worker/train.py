@@ -102,45 +102,40 @@ def activation_checkpointing_config(mode: str) -> Any:
 
 
 def plugin_callbacks(plan: Plan, reg: Any) -> dict[str, Any]:
-    """Trainer callbacks contributed by the run's plugins (``callbacks(cfg, plan)``)."""
+    """Trainer callbacks contributed by the run's plugins (``callbacks(cfg, plan)``); trackers'
+    on rank 0 only (:class:`olmx.api.TrackerPlugin`: the trainer reduces metrics onto rank 0)."""
+    from olmo_core.distributed.utils import get_rank
+
     from olmx.plan.resolve import plugins_in_order
 
     out: dict[str, Any] = {}
     for plugin, cfg in plugins_in_order(plan.run, reg):
+        if plugin.kind == "tracker" and get_rank() != 0:
+            continue
         out.update(plugin.callbacks(cfg, plan))
     return out
 
 
 def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     """Train module, data loader and Trainer for the plan (call inside the distributed env)."""
-    from olmo_core.data import NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
+    from olmo_core.data import NumpyDataLoaderConfig
     from olmo_core.train import Duration, LoadStrategy, TrainerConfig
     from olmo_core.train.callbacks import CheckpointerCallback, ConsoleLoggerCallback
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
     from olmx.worker.callbacks import OlmxMetricsCallback
     from olmx.worker.checkpoint import OlmxCheckpointerConfig
-    from olmx.worker.data import token_files
+    from olmx.worker.datasets import build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
+    from olmx.worker.sources import eval_on
 
     run, rd = plan.run, RunDir(plan.run_dir)
     t, run_dir = run.trainer, rd.path
     train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, reg)).build(model)
 
-    tok = run.data.tokenizer
-    tokenizer = TokenizerConfig(
-        vocab_size=tok.vocab_size,
-        eos_token_id=tok.eos_id,
-        pad_token_id=tok.pad_id,
-        bos_token_id=tok.bos_id,
-        identifier=tok.name,
-    )
-    dataset = NumpyFSLDatasetConfig(
-        tokenizer=tokenizer,
-        paths=token_files(run.data),
-        sequence_length=plan.batch.seq_len,
-        work_dir=str(rd.work / "dataset"),
-    ).build()
+    # The training dataset never reads the held-out sequences the evaluator reads (olmx.worker.sources).
+    splits = data_split(plan)
+    dataset = build_train_dataset(plan, splits, rd.work / "dataset")
     data_loader = NumpyDataLoaderConfig(
         global_batch_size=plan.batch.global_tokens,
         seed=t.seed,
@@ -160,8 +155,17 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
             tokens_per_step=plan.batch.global_tokens,
             world_size=plan.world.size,
             resumed_from=plan.resume_step,
+            seq_len=plan.batch.seq_len,
         ),
     }
+    if eval_on(run):
+        callbacks["olmx_eval"] = build_evaluator(
+            plan,
+            splits,
+            collator=data_loader.collator,
+            dp_process_group=train_module.dp_process_group,
+            work_dir=rd.work / "eval",
+        )
     # The guard takes the gradient norm, clips and feeds SkipStepAdamW (olmx.worker.faults).
     callbacks.update(fault_callbacks(run, str(run_dir), stop_check_interval=plan.execution.log_interval))
     callbacks.update(plugin_callbacks(plan, reg))

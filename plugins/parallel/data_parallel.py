@@ -20,6 +20,7 @@ class DataParallelStrategy(ParallelPlugin):
 
     api = ">=2.0,<3"
     data_parallel = True
+    provides = ("replicate",)
 
     def __init__(self, *, name: str, description: str, config: type, summary: str, dp_type: str | None = None) -> None:
         self.name = name
@@ -66,6 +67,8 @@ class FSDPConfig:
 
 class FullyShardedStrategy(DataParallelStrategy):
     """FSDP2 through OLMo-core, with its wrapping options."""
+
+    provides = ("shard",)
 
     def layout(self, cfg: Any, dp_ranks: int, world: World) -> Layout:
         """Every parameter sharded over all data-parallel ranks (checks the wrapping strategy)."""

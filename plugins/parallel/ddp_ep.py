@@ -9,6 +9,7 @@ only claims the expert-parallel degree (``mesh.ep``); the layer with experts pla
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from olmx.api import Context, Contribution, Layout, World
 from olmx.errors import ConfigError
@@ -25,6 +26,16 @@ class DDPEPConfig:
 
 class DDPExpertParallel(DataParallelStrategy):
     """OLMo-core DDP for dense parameters; experts sharded over ``degree`` ranks."""
+
+    provides = ("experts",)
+
+    def options(self, cfg: DDPEPConfig | None, run: Any, world: World) -> list[tuple[str, Any]]:
+        """Under ``parallel=auto``: every degree from 2 up that divides the world size, smallest
+        first (the layer with experts checks that it divides its experts)."""
+        if cfg is not None:
+            return [("", cfg)]
+        degrees = [d for d in range(2, world.size + 1) if not world.size % d]
+        return [(f"parallel.ddp_ep.degree={d}", DDPEPConfig(degree=d)) for d in degrees]
 
     def layout(self, cfg: DDPEPConfig, dp_ranks: int, world: World) -> Layout:
         """Replicas of the dense parameters; ``ep = degree``."""

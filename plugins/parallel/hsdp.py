@@ -27,6 +27,8 @@ class HSDPConfig(FSDPConfig):
 class HybridShardedStrategy(FullyShardedStrategy):
     """HSDP through OLMo-core (FSDP2 on a 2-D ``dp_replicate x dp_shard`` mesh)."""
 
+    provides = ("hybrid",)
+
     def layout(self, cfg: HSDPConfig, dp_ranks: int, world: World) -> Layout:
         """``dp_replicate x dp_shard`` covering the data-parallel ranks; with
         ``expert_parallel`` the experts are split over each shard group (``ep = dp_shard``)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from olmx.api import Context, Contribution, ParallelPlugin, World
 from olmx.errors import ConfigError
@@ -34,8 +34,16 @@ class UlyssesConfig:
     """Settings of ``ulysses``."""
 
     #: Ranks that share one sequence (the sequence-parallel group size). It must divide the
-    #: world size, ``model.n_heads`` and ``data.seq_len``.
-    degree: int = 2
+    #: world size, ``model.n_heads`` and ``data.seq_len``. ``auto``: the smallest such degree
+    #: (from 2) whose estimated peak memory fits the device; the plan says which and why.
+    degree: Union[int, str] = 2
+
+
+def _degree(cfg: UlyssesConfig) -> int:
+    """The degree of settings the plan resolved (``auto`` is replaced before ``claim``)."""
+    if isinstance(cfg.degree, bool) or not isinstance(cfg.degree, int):
+        raise ConfigError("parallel.ulysses.degree", f"'{cfg.degree}' is not one of: an integer >= 1, auto")
+    return cfg.degree
 
 
 def replicated_kv_heads(n_kv_heads: int, degree: int) -> int:
@@ -72,10 +80,26 @@ class UlyssesStrategy(ParallelPlugin):
     description = __doc__.splitlines()[0]
     api = ">=2.0,<3"
     Config = UlyssesConfig
+    provides = ("sequence",)
+
+    def options(self, cfg: UlyssesConfig | None, run: Any, world: World) -> list[tuple[str, Any]]:
+        """With ``degree=auto`` (or under ``parallel=auto``): every degree from 2 up that divides
+        the world size, ``model.n_heads`` and ``data.seq_len``, smallest first."""
+        if cfg is not None and cfg.degree != "auto":
+            return [("", cfg)]
+        m, seq = run.model, run.data.seq_len
+        degrees = [p for p in range(2, world.size + 1) if not world.size % p and not m.n_heads % p and not seq % p]
+        if cfg is not None and not degrees:
+            raise ConfigError(
+                "parallel.ulysses.degree",
+                f"auto: no degree from 2 up divides the world size {world.size}, model.n_heads={m.n_heads} and "
+                f"data.seq_len={seq}",
+            )
+        return [(f"parallel.ulysses.degree={p}", UlyssesConfig(degree=p)) for p in degrees]
 
     def claim(self, cfg: UlyssesConfig, run: Any, world: World) -> dict[str, int]:
         """Check the degree against the world, the heads and the sequence length; claim ``cp``."""
-        p, m, seq = cfg.degree, run.model, run.data.seq_len
+        p, m, seq = _degree(cfg), run.model, run.data.seq_len
         if p < 1:
             raise ConfigError("parallel.ulysses.degree", f"must be at least 1, got {p}")
         if world.size % p:
@@ -109,7 +133,7 @@ class UlyssesStrategy(ParallelPlugin):
 
     def resolve(self, cfg: UlyssesConfig, ctx: Context) -> Contribution:
         """Tokens and heads per rank, and the all-to-all volume at the plan's compute dtype."""
-        p, m, seq, world = cfg.degree, ctx.run.model, ctx.run.data.seq_len, ctx.world
+        p, m, seq, world = _degree(cfg), ctx.run.model, ctx.run.data.seq_len, ctx.world
         n_kv = m.n_kv_heads or m.n_heads
         kv = replicated_kv_heads(n_kv, p)
         head_dim = m.d_model // m.n_heads
@@ -143,13 +167,19 @@ class UlyssesStrategy(ParallelPlugin):
                 f"{_mib(2 * total * m.n_layers)} per rank ({m.n_layers} layers, forward + backward)",
             ),
         ]
-        return Contribution(rows=rows)
+        kept = (m.d_model + 2 * (kv - n_kv) * head_dim) * elem * m.n_layers
+        return Contribution(
+            rows=rows,
+            # per token and layer: the output back in sequence layout (the output projection's
+            # input; attention keeps its own in head layout) and the kv heads added by replication
+            activation_bytes_per_token=kept if p > 1 and ctx.run.trainer.activation_checkpointing != "full" else 0,
+        )
 
     def apply_train_module(self, cfg: UlyssesConfig, train_module: dict[str, Any], plan: Any) -> None:
         """Set OLMo-core's ``cp_config`` to its Ulysses style."""
         from olmo_core.train.train_module import TransformerContextParallelConfig
 
-        train_module["cp_config"] = TransformerContextParallelConfig.ulysses(cfg.degree)
+        train_module["cp_config"] = TransformerContextParallelConfig.ulysses(_degree(cfg))
 
     def apply_model(self, cfg: UlyssesConfig, model: Any, plan: Any) -> None:
         """Wrap every attention backend in the Ulysses all-to-all (before OLMo-core applies

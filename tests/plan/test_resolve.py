@@ -31,6 +31,10 @@ def test_default_plan(tmp_path, monkeypatch):
     assert dict(plan.sections["data"]) == {
         "corpus": f"{len(files):,} file(s), {corpus:,} byte-level tokens, cached in {cache_dir(plan.run.data)}",
         "sequences": f"{corpus // 256:,} x 256 tokens = {corpus // 256 // 16:,} steps per epoch",
+        # eval is on by default: 32 sequences held out, evaluated in batches of 8 x 2 ranks
+        "evaluation": "every 50 steps and at step 200: loss and perplexity of 32 sequences of the held-out "
+        "slice (2 batch(es) of 16)",
+        "held out": "32 sequences x 256 tokens = 8,192 tokens from the end of the training data, never trained on",
     }
     assert "warnings" not in plan.sections  # 20 warm-up steps in a 200-step run
     assert list(tmp_path.iterdir()) == []

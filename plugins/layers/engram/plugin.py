@@ -221,6 +221,11 @@ class EngramLayer(LayerPlugin):
             active_params=n * (dense + heads * dim),
             sharded_params=0 if sharding == "replicated" else table_params,
             sharded_over=world.size if sharding == "1d" else (cfg.shard_degree or 1),
+            # per Engram block and token: the gathered rows (d_mem) and about 11 d-wide tensors
+            # (projections, the three norms, gate, convolution); full checkpointing recomputes them
+            activation_bytes_per_token=0
+            if run.trainer.activation_checkpointing == "full"
+            else n * (d_mem + 11 * m.d_model) * wire,
             decisions={"sharding": sharding},
         )
 

@@ -95,6 +95,26 @@ def choose_backend(cfg: MoEConfig, mesh: Mesh, world: World) -> tuple[str, str]:
     )
 
 
+def moe_activations_per_token(cfg: MoEConfig, model: Any, ctx: Context) -> int:
+    """Bytes per token one MoE block keeps for backward beyond a dense block's feed-forward
+    (``FF_H`` h-wide tensors, :mod:`olmx.plan.memory`), under the run's activation
+    checkpointing. Each of the ``k`` routed copies of a token keeps the expert SwiGLU's
+    ``FF_H`` hidden tensors, its input and its output; the block keeps the combined output and
+    the router its float32 input, logits, scores, weights and indices (counted with autograd's
+    saved-tensor hooks); a shared expert is one more SwiGLU. ``full`` checkpointing recomputes
+    the block; ``long_context`` recomputes modules named ``feed_forward`` only, so the whole
+    MoE is kept."""
+    from olmx.plan.memory import FF_H
+
+    mode = ctx.run.trainer.activation_checkpointing
+    if mode == "full":
+        return 0
+    d, h, k, b = model.d_model, expert_hidden(cfg, model), cfg.top_k, ctx.dtypes.compute_bytes
+    shared = FF_H * cfg.shared_hidden_size + d if cfg.shared_hidden_size else 0
+    kept = (k * (FF_H * h + 2 * d) + d + shared) * b + (d + 2 * cfg.num_experts + 3 * k) * 4
+    return kept if mode == "long_context" else kept - FF_H * model.hidden_size * b
+
+
 def expert_mixed_precision(plan: Any) -> Any:
     """The experts' FSDP mixed-precision policy under expert parallelism: the plan's dtypes,
     as the dense part gets them, where parameters are sharded (FSDP2 all-gathers the experts in
@@ -179,6 +199,7 @@ class MoELayer(LayerPlugin):
         return Contribution(
             rows=rows,
             params=len(blocks) * (per_block - dense),
+            activation_bytes_per_token=len(blocks) * moe_activations_per_token(cfg, m, ctx),
             active_params=len(blocks) * (active - dense),
             # expert parallelism over replicated (DDP) parameters: each rank holds its experts
             sharded_params=len(blocks) * 3 * cfg.num_experts * d * h if mesh.ep > 1 and not mesh.shards_params else 0,

@@ -110,7 +110,7 @@ def test_activation_checkpointing_modes():
 
     assert (
         refusal("trainer.activation_checkpointing=selected_ops")
-        == "trainer.activation_checkpointing: 'selected_ops' is not one of full, long_context, null"
+        == "trainer.activation_checkpointing: 'selected_ops' is not one of full, long_context, auto, null"
     )
     for mode in ("full", "long_context"):
         plan_for(f"trainer.activation_checkpointing={mode}")

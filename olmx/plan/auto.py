@@ -1,0 +1,256 @@
+"""``auto`` settings, chosen from the plan's memory estimate before anything is launched (no torch).
+
+What can be ``auto``: ``parallel=auto`` (the whole layout, from the installed parallel plugins
+by what they provide, :data:`olmx.api.PARALLEL_CAPABILITIES`), a parallel plugin's own fields
+(``parallel.ulysses.degree=auto``: the plugin's :meth:`~olmx.api.ParallelPlugin.options`),
+``trainer.activation_checkpointing=auto`` and ``trainer.auto_micro_batch=true``.
+
+The candidates are tried cheapest first, and the first whose estimated peak fits the device
+wins (each is checked exactly as an explicit run is: a candidate the plan refuses is skipped
+with its reason). Cheapest means least modelled compute, then least communication:
+
+1. activation checkpointing none < long_context < full (recompute costs FLOPs,
+   :mod:`olmx.plan.throughput`; everything below costs none in that model);
+2. the layout: the smallest sequence-parallel degree (none first), then the data-parallel kind
+   in the order of :data:`~olmx.api.PARALLEL_CAPABILITIES` (replicate < experts < hybrid <
+   shard; experts only with a layer that has experts, hybrid only over several nodes), then
+   each plugin's own options in its order;
+3. the largest micro-batch dividing the per-rank batch (a smaller one only adds gradient
+   accumulation steps).
+
+"Fits" is against :attr:`olmx.api.World.device_memory_gib`: one GPU's memory, or on CPUs this
+machine's RAM divided by its processes. Where nothing fits, a GPU run is refused with every
+candidate's estimate; a CPU run (where RAM is soft: swap, other processes) takes the smallest
+estimate and the plan warns. Where the device's memory is unknown, the first candidate the plan
+accepts is taken, and the plan says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from olmx.api import PARALLEL_CAPABILITIES, World
+from olmx.config.schema import AUTO, RunConfig
+from olmx.errors import ConfigError, OlmxError
+from olmx.plan.memory import GIB, gib
+
+#: ``trainer.activation_checkpointing`` by recompute, cheapest first.
+AC_BY_COST: tuple[str | None, ...] = (None, "long_context", "full")
+#: Trials shown in the plan before the chosen one (the rest are counted).
+SHOWN = 6
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What the plan estimates for one concrete run (the evaluator's answer)."""
+
+    #: Estimated peak bytes per process.
+    peak: int
+    #: Data-parallel ranks of its mesh.
+    dp: int
+
+
+#: Checks one concrete run as the plan does and estimates it; raises ConfigError where refused.
+Evaluate = Callable[[RunConfig], Fit]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to lay out the parallel plugins: their settings and the overrides that select them."""
+
+    parallel: dict[str, Any]
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` decided."""
+
+    #: The concrete run (no ``auto`` left).
+    run: RunConfig
+    #: The overrides that select it explicitly (``olmx train ... OVERRIDES``).
+    overrides: tuple[str, ...]
+    #: The plan's ``auto`` rows (empty when nothing was ``auto``).
+    rows: list[tuple[str, str]]
+    #: A warning for the plan (a CPU run where nothing fits), or "".
+    warning: str = ""
+
+
+def layouts(run: RunConfig, world: World, reg: Any) -> list[Layout]:
+    """The parallel layouts to try, cheapest first: for ``parallel=auto`` built from the
+    installed plugins' capabilities, otherwise the product of the listed plugins' options."""
+    if AUTO not in run.parallel:
+        plugins = [(reg.get("parallel", name), cfg) for name, cfg in run.parallel.items()]
+        per_plugin = [[(plugin.name, o, c) for o, c in plugin.options(cfg, run, world)] for plugin, cfg in plugins]
+        return [
+            Layout({name: c for name, _, c in combo}, tuple(o for _, o, _ in combo if o))
+            for combo in itertools.product(*per_plugin)
+        ]
+    if len(run.parallel) > 1:
+        others = ",".join(n for n in run.parallel if n != AUTO)
+        raise ConfigError(
+            "parallel",
+            f"auto chooses every parallel strategy, so it cannot be listed with {others}: write parallel=auto "
+            f"alone, or list the strategies yourself (parallel=[{others}])",
+        )
+    if world.size == 1:
+        return [Layout({}, ("parallel=[]",))]
+    installed = _installed_parallel(reg)
+    experts = any(plugin.experts for _, plugin, _ in reg.layers_in_order(run.layers))
+    kinds = [k for k in PARALLEL_CAPABILITIES if k != "sequence"]
+    kinds = [k for k in kinds if (k != "experts" or experts) and (k != "hybrid" or world.nnodes > 1)]
+    data = [
+        (rank, i, plugin, override, cfg)
+        for rank, kind in enumerate(kinds)
+        for plugin in installed
+        if plugin.data_parallel and kind in plugin.provides
+        for i, (override, cfg) in enumerate(plugin.options(None, run, world))
+    ]
+    sequence: list[tuple[int, Any, str, Any]] = [(0, None, "", None)]
+    sequence += [
+        (i + 1, plugin, override, cfg)
+        for plugin in installed
+        if not plugin.data_parallel and "sequence" in plugin.provides
+        for i, (override, cfg) in enumerate(plugin.options(None, run, world))
+    ]
+    combos = sorted(((s, d) for s in sequence for d in data), key=lambda sd: (sd[0][0], sd[1][0], sd[1][1]))
+    out = []
+    for (_, seq_plugin, seq_override, seq_cfg), (_, _, dp_plugin, dp_override, dp_cfg) in combos:
+        parallel = {dp_plugin.name: dp_cfg}
+        if seq_plugin is not None:
+            parallel[seq_plugin.name] = seq_cfg
+        names = f"parallel=[{','.join(parallel)}]"
+        out.append(Layout(parallel, tuple(o for o in (names, dp_override, seq_override) if o)))
+    return out
+
+
+def _installed_parallel(reg: Any) -> list[Any]:
+    """The loadable parallel plugins, by name."""
+    out = []
+    for entry in reg.entries("parallel"):
+        if not entry.usable:
+            continue
+        try:
+            out.append(reg.get("parallel", entry.name))
+        except OlmxError:
+            continue
+    return sorted(out, key=lambda p: p.name)
+
+
+def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice:
+    """The concrete run for ``run``'s ``auto`` settings (see the module docstring); ``run``
+    itself, with no rows, when nothing is ``auto``."""
+    t = run.trainer
+    acs = AC_BY_COST if t.activation_checkpointing == AUTO else (t.activation_checkpointing,)
+    lays = layouts(run, world, reg)
+    asked = [f for f, on in _asked(run, lays) if on]
+    if not asked:
+        return Choice(run, (), [])
+    cap = world.device_memory_gib
+    tried: list[tuple[tuple[str, ...], int | None, str]] = []
+    valid: list[tuple[int, RunConfig, tuple[str, ...]]] = []
+    errors: list[ConfigError] = []
+    for ac in acs:
+        for lay in lays:
+            base = replace(run, parallel=lay.parallel, trainer=replace(t, activation_checkpointing=ac))
+            ac_override = (f"trainer.activation_checkpointing={ac or 'null'}",) if len(acs) > 1 else ()
+            for micro in _micro_batches(base, evaluate, errors, lay, tried):
+                cand = replace(base, trainer=replace(base.trainer, micro_batch_size=micro, auto_micro_batch=False))
+                overrides = (
+                    lay.overrides + ac_override + ((f"trainer.micro_batch_size={micro}",) if t.auto_micro_batch else ())
+                )
+                try:
+                    fit = evaluate(cand)
+                except ConfigError as exc:
+                    errors.append(exc)
+                    tried.append((overrides, None, f"refused: {exc}"))
+                    continue
+                fits = cap is None or fit.peak <= cap * GIB
+                if fits:
+                    return Choice(cand, overrides, _rows(overrides, fit.peak, cap, world, tried))
+                tried.append((overrides, fit.peak, f"{gib(fit.peak)} > {cap:.1f} GiB"))
+                valid.append((fit.peak, cand, overrides))
+    return _nothing_fits(asked, valid, errors, tried, cap, world)
+
+
+def _asked(run: RunConfig, lays: list[Layout]) -> list[tuple[str, bool]]:
+    """The fields set to ``auto``, for messages."""
+    t = run.trainer
+    return [
+        ("parallel", AUTO in run.parallel or len(lays) > 1 or any(lay.overrides for lay in lays)),
+        ("trainer.activation_checkpointing", t.activation_checkpointing == AUTO),
+        ("trainer.auto_micro_batch", t.auto_micro_batch),
+    ]
+
+
+def _micro_batches(
+    run: RunConfig, evaluate: Evaluate, errors: list[ConfigError], lay: Layout, tried: list[Any]
+) -> list[int]:
+    """``trainer.micro_batch_size`` as given, or (``auto_micro_batch``) every divisor of the
+    per-rank batch of this layout, largest first."""
+    t = run.trainer
+    if not t.auto_micro_batch:
+        return [t.micro_batch_size]
+    try:  # the layout's data-parallel ranks (a micro-batch of 1 always divides the batch)
+        dp = evaluate(replace(run, trainer=replace(t, micro_batch_size=1, auto_micro_batch=False))).dp
+    except ConfigError as exc:
+        errors.append(exc)
+        tried.append((lay.overrides, None, f"refused: {exc}"))
+        return []
+    per_rank = t.global_batch_size // dp
+    return [m for m in range(per_rank, 0, -1) if not per_rank % m]
+
+
+def _rows(
+    overrides: tuple[str, ...],
+    peak: int,
+    cap: float | None,
+    world: World,
+    tried: list[tuple[tuple[str, ...], int | None, str]],
+) -> list[tuple[str, str]]:
+    where = f"{cap:.1f} GiB per process ({world.device_name})" if cap else "memory unknown"
+    rows = [("chosen", " ".join(overrides) or "the settings as given")]
+    if cap is None:
+        rows.append(("why", f"the first setting the plan accepts; {world.device_name}'s memory is unknown"))
+    else:
+        rows.append(("why", f"the cheapest setting that fits: estimated peak {gib(peak)} of {where}"))
+    for ov, _, reason in tried[:SHOWN]:
+        rows.append(("tried before", f"{' '.join(ov) or 'as given'}: {reason}"))
+    if len(tried) > SHOWN:
+        rows.append(("tried before", f"... and {len(tried) - SHOWN} more"))
+    rows.append(
+        ("order", "least recompute, then the smallest sequence-parallel degree, least sharding, largest micro-batch")
+    )
+    return rows
+
+
+def _nothing_fits(
+    asked: list[str],
+    valid: list[tuple[int, RunConfig, tuple[str, ...]]],
+    errors: list[ConfigError],
+    tried: list[tuple[tuple[str, ...], int | None, str]],
+    cap: float | None,
+    world: World,
+) -> Choice:
+    field = asked[0]
+    if not valid:
+        if errors and all(str(e) == str(errors[0]) for e in errors):
+            raise errors[0]
+        reasons = "; ".join(f"{' '.join(ov)}: {why}" for ov, _, why in tried[:SHOWN])
+        raise ConfigError(field, f"auto: the plan refuses every setting it could choose ({reasons})")
+    peak, run, overrides = min(valid, key=lambda v: v[0])
+    assert cap is not None  # with unknown memory the first valid setting is taken
+    estimates = "; ".join(f"{' '.join(ov)}: {gib(p)}" for ov, p, _ in tried if p is not None)
+    message = (
+        f"auto: no setting fits the {cap:.1f} GiB per process of {world.device_name} ({estimates}); the smallest "
+        f"estimate is {gib(peak)} ({' '.join(overrides)}): use more processes, a smaller model, a shorter "
+        f"data.seq_len or a smaller trainer.micro_batch_size"
+    )
+    if world.device == "cuda":
+        raise ConfigError(field, message)
+    rows = _rows(overrides, peak, cap, world, tried)
+    rows[1] = ("why", f"nothing fits: took the smallest estimated peak, {gib(peak)} of {cap:.1f} GiB (CPU RAM)")
+    return Choice(run, overrides, rows, warning=message)

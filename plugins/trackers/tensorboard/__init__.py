@@ -1,0 +1,1 @@
+"""The tensorboard tracker: plugin (torch-free) and its OLMo-core callback."""

@@ -1,0 +1,1 @@
+"""The wandb tracker: plugin (torch-free) and its OLMo-core callback."""

@@ -1,0 +1,257 @@
+"""Trackers (``trackers=[...]``): real training runs through the real CLI, read back with the
+trackers' own file formats.
+
+* tensorboard: the event files hold every step's training loss equal to ``metrics.jsonl``'s,
+  the config and the plan as text; a resume after a lost checkpoint shows each step once;
+* a third-party tracker registered through an entry point records the same metrics, on rank 0
+  only; a broken one is a row in ``olmx plugins list``;
+* wandb offline: its offline run holds the metrics and the config, no key is needed, and no
+  connection is made (a local listener stands in for the W&B server and every proxy);
+  online without a key is refused by the plan (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_dist, olmx_cli
+from tests.test_cli import modules_after
+from tests.test_training import SMALL, train
+
+pytestmark = pytest.mark.dist
+
+#: A third-party tracker (an MLflow/Comet stand-in): one JSON line per logged step, per rank
+#: that records, into ``RUN_DIR/<dir>/rank<R>.jsonl``.
+JSONL_TRACKER = """
+    '''jsonl: every metric as JSON lines (a third-party tracker).'''
+    import os
+    from dataclasses import dataclass
+    from pathlib import Path
+    from olmx.api import Contribution, TrackerPlugin
+
+    @dataclass
+    class JsonlConfig:
+        #: folder inside the run directory
+        dir: str = "jsonl"
+
+    class Jsonl(TrackerPlugin):
+        name = "jsonl"
+        description = "every metric as JSON lines"
+        api = ">=2.0,<3"
+        Config = JsonlConfig
+
+        def resolve(self, cfg, ctx):
+            return Contribution(rows=[("writes", f"offline: RUN_DIR/{cfg.dir}")])
+
+        def callbacks(self, cfg, plan):
+            import json
+            from olmo_core.train.callbacks import Callback
+
+            path = Path(plan.run_dir) / cfg.dir / f"rank{os.environ.get('RANK', '0')}.jsonl"
+
+            class Lines(Callback):
+                def pre_train(self):
+                    path.parent.mkdir(parents=True, exist_ok=True)
+
+                def log_metrics(self, step, metrics):
+                    with open(path, "a") as f:
+                        f.write(json.dumps({"step": step, **metrics}) + "\\n")
+
+            return {"jsonl": Lines()}
+
+    JSONL = Jsonl()
+"""
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return {"OLMX_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
+
+
+def scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of one scalar as TensorBoard shows it (its reader, purges applied)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def texts(log_dir: Path, tag: str) -> list[tuple[int, str]]:
+    """``(step, text)`` of one ``add_text`` tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(f"{tag}/text_summary")]
+
+
+def loss_by_step(run_dir: Path) -> dict[int, float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["loss"] is not None}  # not eval records
+
+
+def test_tensorboard_and_a_third_party_tracker_record_the_training_loss(tmp_path, cache, plugin_site):
+    entry_points = "[olmx.trackers]\njsonl = jsonl_tracker:JSONL\n"
+    make_dist(plugin_site, "olmx-jsonl", entry_points, {"jsonl_tracker": JSONL_TRACKER})
+    run_dir = tmp_path / "run"
+    steps = ["trainer.max_steps=4", "trainer.save_interval=2", "trackers=[tensorboard,jsonl]"]
+    train(run_dir, cache, *steps)
+    tb = run_dir / "tensorboard"
+    want = loss_by_step(run_dir)
+    assert sorted(want) == [1, 2, 3, 4]
+    assert scalars(tb, "train/CE loss") == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(want.items())]
+    assert [s for s, _ in scalars(tb, "optim/LR (group 0)")] == [1, 2, 3, 4]
+    [(step, config)] = texts(tb, "olmx/config")
+    assert step == 0 and "trackers:\n      tensorboard:" in config and "max_steps: 4" in config
+    [(_, plan)] = texts(tb, "olmx/plan")
+    assert "| world | 2 processes" in plan and "offline: RUN_DIR/tensorboard" in plan
+    assert len(list(tb.glob("events.out.tfevents.*"))) == 1  # rank 0 only
+
+    # The third-party tracker: every metric of every logged step, from rank 0 only.
+    assert sorted(p.name for p in (run_dir / "jsonl").iterdir()) == ["rank0.jsonl"]
+    records = [json.loads(line) for line in (run_dir / "jsonl" / "rank0.jsonl").read_text().splitlines()]
+    assert {r["step"]: r["train/CE loss"] for r in records if "train/CE loss" in r} == want
+    assert all("optim/LR (group 0)" in r for r in records if "train/CE loss" in r)
+
+    # A resume after the last checkpoint was lost: steps 3-4 are trained again from step 2.
+    # TensorBoard shows each step once, the second attempt's values (metrics.jsonl's).
+    shutil.rmtree(run_dir / "checkpoints" / "step4")
+    proc = olmx_cli("train", *SMALL, f"trainer.run_dir={run_dir}", *steps, env=cache)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Resuming from the checkpoint at step 2" in proc.stdout
+    again = loss_by_step(run_dir)
+    assert sorted(again) == [1, 2, 3, 4]
+    assert len(list(tb.glob("events.out.tfevents.*"))) == 2  # a new file; the first one is kept
+    assert scalars(tb, "train/CE loss") == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(again.items())]
+    assert [s for s, _ in texts(tb, "olmx/plan")] == [0, 2]  # each attempt's plan, at its start
+
+
+def test_a_broken_tracker_is_a_row_not_a_crash(plugin_site):
+    make_dist(
+        plugin_site,
+        "olmx-badtrack",
+        "[olmx.trackers]\nbad = bad_tracker:BAD\nnohook = nohook_tracker:NOHOOK\n",
+        {
+            "bad_tracker": "raise RuntimeError('boom at import')\n",
+            "nohook_tracker": JSONL_TRACKER.replace('name = "jsonl"', 'name = "nohook"')
+            .replace("def callbacks(self, cfg, plan):", "def other(self, cfg, plan):")
+            .replace("JSONL = Jsonl()", "NOHOOK = Jsonl()"),
+        },
+    )
+    proc = olmx_cli("plugins", "list", "--json", "--check")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert (rows["bad"]["kind"], rows["bad"]["status"]) == ("tracker", "broken")
+    assert "boom at import" in rows["bad"]["reason"]
+    assert rows["nohook"]["status"] == "broken" and "does not implement callbacks" in rows["nohook"]["reason"]
+    assert (rows["tensorboard"]["kind"], rows["tensorboard"]["status"]) == ("tracker", "ok")
+    proc = olmx_cli("train", "--dry-run", "trackers=[bad]")
+    assert proc.returncode == 2 and "trackers: plugin 'bad' from olmx-badtrack is broken" in proc.stderr
+
+
+def test_tensorboard_folders_relative_to_the_run_or_one_per_run_in_a_shared_one():
+    from olmx_plugins.trackers.tensorboard.plugin import log_dir
+
+    assert log_dir("/runs/a", "tensorboard") == Path("/runs/a/tensorboard")
+    assert log_dir("/runs/a", "/shared/tb") == Path("/shared/tb/a")  # runs never purge each other's steps
+
+
+def test_planning_with_trackers_imports_none_of_their_libraries():
+    mods = modules_after("train", "--dry-run", "trackers=[tensorboard,wandb]")
+    assert "olmx_plugins.trackers.wandb.plugin" in mods  # it did plan with them
+    assert not {"torch", "olmo_core", "tensorboard", "wandb"} & mods
+
+
+def test_wandb_online_without_a_key_is_refused_by_the_plan(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    online = ["trackers=[wandb]", "trackers.wandb.mode=online"]
+    proc = olmx_cli("train", *online, f"trainer.run_dir={tmp_path / 'r'}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "trackers.wandb.mode: online needs WANDB_API_KEY" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()  # nothing written
+    proc = olmx_cli("train", "--dry-run", "trackers=[wandb]", "trackers.wandb.mode=sometimes")
+    assert proc.returncode == 2 and "trackers.wandb.mode: 'sometimes' is not one of offline, online" in proc.stderr
+    # With a key it plans; the key is in no output and not in the plan.
+    proc = olmx_cli(
+        "train", "--dry-run", "trackers=[wandb]", "trackers.wandb.mode=online", env={"WANDB_API_KEY": "k-123-secret"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "online: https://api.wandb.ai" in proc.stdout
+    assert "k-123-secret" not in proc.stdout + proc.stderr
+
+
+def wandb_records(path: Path) -> list:
+    """The records of a W&B offline run file (``run-*.wandb``): W&B's LevelDB-style log (a 7-byte
+    header, 32 KiB blocks of ``crc32, length, type`` chunks) of ``wandb_internal_pb2.Record``."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block, pos, buf, out = path.read_bytes(), 32768, 7, b"", []
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or (length == 0 and kind == 0):  # block padding
+            pos += left
+            continue
+        buf += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = pb.Record()
+            record.ParseFromString(buf)
+            out.append(record)
+            buf = b""
+    return out
+
+
+def test_wandb_offline_records_the_run_and_touches_no_network(tmp_path, cache, monkeypatch):
+    # Any HTTP(S) request wandb makes goes to this listener: it is the W&B server and every proxy.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    requests: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            requests.append(conn.recv(200))
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no key needed
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "WANDB_BASE_URL"):
+        monkeypatch.setenv(name, url)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("WANDB_MODE", "online")  # the config says offline, and the config wins
+    run_dir = tmp_path / "run"
+    try:
+        train(run_dir, cache, "trainer.max_steps=3", "trackers=[wandb]", "trackers.wandb.project=p1")
+    finally:
+        server.close()
+    assert requests == []
+    [run_file] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(run_file)
+    [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert (run.project, run.display_name, run.run_group) == ("p1", "run", "run")
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["config"]["trainer"]["max_steps"] == 3 and config["mesh"]["dp_replicate"] == 2
+    history = [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
+    logged = {h["_step"]: h["train/CE loss"] for h in history if "train/CE loss" in h}
+    assert logged == loss_by_step(run_dir)
+    assert any(r.WhichOneof("record_type") == "exit" for r in records)  # finished
