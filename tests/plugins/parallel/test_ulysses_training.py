@@ -59,6 +59,9 @@ def test_ddp_by_ulysses_over_four_processes_matches_one_process(tmp_path, tmp_pa
     )
     assert ddp == pytest.approx(single, rel=2e-5)
     assert single[-1] < single[0] - 0.1  # it learns
+    # The held-out loss at the last step, its sequences split over the sequence-parallel ranks.
+    last = [json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[-1]) for d in ("p1", "ddp")]
+    assert last[1]["eval/loss"] == pytest.approx(last[0]["eval/loss"], rel=2e-5)
     import yaml
 
     mesh = yaml.safe_load((tmp_path / "ddp" / "plan.yaml").read_text())["mesh"]
