@@ -27,12 +27,28 @@ def _doc(i: int) -> str:
     return words + (" naïve café ✓ 日本\n" if i % 7 == 0 else ".\n")
 
 
+def train_bpe(texts: list[str], vocab: int, path: Path) -> None:
+    """A byte-level BPE of ``vocab`` ids trained on ``texts`` with ``tokenizers`` (specials
+    ``<|endoftext|>`` 0 and ``<|pad|>`` 1), saved as ``path`` (a ``tokenizer.json``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict:
     """A folder (with a subfolder), a glob of .md files and a .jsonl.gz, plus two BPE tokenizers
     trained on them with ``tokenizers`` (another vocabulary size makes another tokenizer)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     root = tmp_path_factory.mktemp("tokenize")
     docs = [_doc(i) for i in range(N_FOLDER + N_GLOB + N_JSONL)]
     folder, glob_dir = root / "folder", root / "more"
@@ -49,18 +65,8 @@ def corpus(tmp_path_factory) -> dict:
             f.write(json.dumps({"id": 1, "text": d}) + "\n")
     tokenizers = {}
     for name, vocab in (("tok", 320), ("other", 300)):
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab,
-            special_tokens=["<|endoftext|>", "<|pad|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator(docs, trainer)
         (root / name).mkdir()
-        tok.save(str(root / name / "tokenizer.json"))
+        train_bpe(docs, vocab, root / name / "tokenizer.json")
         tokenizers[name] = root / name / "tokenizer.json"
     inputs = [str(folder), str(glob_dir / "*.md"), str(root / "c.jsonl.gz")]
     return {"root": root, "docs": docs, "inputs": inputs, **tokenizers}

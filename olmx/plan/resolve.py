@@ -12,7 +12,7 @@ import sysconfig
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from olmx import __version__
 from olmx.api import CLAIMABLE_DIMS, CONFIG_GROUPS, KIND_ORDER, Context, Contribution, Mesh, Plugin, World, check_dtypes
@@ -26,6 +26,9 @@ from olmx.plan.resume import check_resume
 from olmx.plan.tokenizer import resolve_tokenizer
 from olmx.registry import Registry
 from olmx.rundir import RunDir
+
+if TYPE_CHECKING:
+    from olmx.plan.auto import Evaluate
 
 BLOCKS = ("default", "reordered_norm")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -71,24 +74,21 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     world: World = infra.world(run.infra[run.infra_name])
     if world.size < 1:
         raise ConfigError("infra", f"the run needs at least one process, got {world.nnodes} x {world.nproc_per_node}")
-    run = resolve_tokenizer(run, files_here=infra.data_on_this_machine(run.infra[run.infra_name]))
+    files_here = infra.data_on_this_machine(run.infra[run.infra_name])
+    run = resolve_tokenizer(run, files_here=files_here)
     _check_model(run.model)
     _check_trainer(run)
-    run, eval_off = _default_holdout(run, files_here=infra.data_on_this_machine(run.infra[run.infra_name]))
-    data_rows = _check_data(run, files_here=infra.data_on_this_machine(run.infra[run.infra_name]))
+    run, eval_off = _default_holdout(run, files_here=files_here)
+    data_rows = _check_data(run, files_here=files_here)
 
     from olmx.plan import auto, memory, throughput
 
-    def fit(candidate: RunConfig) -> auto.Fit:
-        e = estimated(candidate, world, reg)
-        return auto.Fit(peak=e.est.peak, dp=e.mesh.dp)
-
-    choice = auto.choose(run, world, reg, fit)  # the user's run where nothing is auto
+    choice = auto.choose(run, world, reg, evaluator(world, reg))  # the user's run where nothing is auto
     run = choice.run
     ev = estimated(run, world, reg)
     ctx, contributions, batch, params, est, sharded = ev.ctx, ev.contributions, ev.batch, ev.params, ev.est, ev.sharded
     mesh, dtypes, vocab = ctx.mesh, ctx.dtypes, ctx.vocab_size
-    data_rows += _check_eval(run, mesh, files_here=infra.data_on_this_machine(run.infra[run.infra_name]), off=eval_off)
+    data_rows += _check_eval(run, mesh, files_here=files_here, off=eval_off)
     assert ctx.execution is not None
     execution = ctx.execution
     mem_warnings = memory.check(est, run, mesh, world, params.total, vocab, dtypes.param, sharded)
@@ -132,6 +132,18 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
         },
         olmx_version=__version__,
     )
+
+
+def evaluator(world: World, reg: Registry) -> Evaluate:
+    """What :func:`olmx.plan.auto.choose` asks of each candidate: checked as the plan checks a
+    run (:func:`estimated`, ConfigError where refused) and its estimated peak."""
+    from olmx.plan import auto
+
+    def fit(candidate: RunConfig) -> auto.Fit:
+        e = estimated(candidate, world, reg)
+        return auto.Fit(peak=e.est.peak, dp=e.mesh.dp)
+
+    return fit
 
 
 @dataclass(frozen=True)
@@ -515,8 +527,7 @@ def _check_sources(run: RunConfig) -> list[tuple[str, str]]:
                 )
     if d.name != "numpy":
         tokens.check_cache_dir(d)
-    arrays = {name: sources.array_tokens(d, s.paths) for name, s in d.sources.items()}
-    split = sources.split(arrays, sources.shares(d), seq_len=seq, holdout=sources.holdout_count(run))
+    split = sources.planned_split(run, sources.holdout_count(run))
     run_tokens = run.trainer.max_steps * run.trainer.global_batch_size * seq
     rows = [
         (
@@ -620,12 +631,10 @@ def _default_holdout(run: RunConfig, *, files_here: bool) -> tuple[RunConfig, st
     if not files_here:
         return held, ""
     try:
-        arrays = {name: sources.array_tokens(d, paths) for name, paths in sources.source_paths(d).items()}
+        split = sources.planned_split(run, sources.DEFAULT_HOLDOUT)
     except (OSError, ConfigError):
         return held, ""
-    split = sources.split(arrays, sources.shares(d), seq_len=d.seq_len, holdout=sources.DEFAULT_HOLDOUT)
-    train = [sum(s.train_tokens) // d.seq_len for s in split]
-    if min(train) >= 1 if d.sources else train[0] >= run.trainer.global_batch_size:
+    if sources.short_of_training(split, run) is None:
         return held, ""
     total = sum(s.sequences for s in split)
     why = (
@@ -662,11 +671,10 @@ def _held_out(run: RunConfig) -> list[tuple[str, str]]:
     from olmx.worker import sources
 
     d, seq, need = run.data, run.data.seq_len, run.trainer.global_batch_size
-    arrays = {name: sources.array_tokens(d, paths) for name, paths in sources.source_paths(d).items()}
     held = sources.holdout_count(run)
-    split = sources.split(arrays, sources.shares(d), seq_len=seq, holdout=held)
+    split = sources.planned_split(run, held)
     train = sum(sum(s.train_tokens) for s in split) // seq
-    if not d.sources and train < need:
+    if not d.sources and sources.short_of_training(split, run):
         raise ConfigError(
             "eval.holdout_sequences",
             f"holding out {held:,} of the corpus's {train + held:,} sequences leaves {train:,}, less than one "

@@ -30,7 +30,16 @@ from olmo_core.train.callbacks import EvaluatorCallback
 
 from olmx.errors import ConfigError
 from olmx.plan import Plan
-from olmx.worker.sources import SourceSplit, eval_batch, holdout_count, raw_tokens, shares, source_paths, split
+from olmx.worker.sources import (
+    SourceSplit,
+    eval_batch,
+    holdout_count,
+    raw_tokens,
+    shares,
+    short_of_training,
+    source_paths,
+    split,
+)
 
 #: The label of the evaluated data in OLMo-core's metric names.
 EVAL_LABEL = "heldout"
@@ -83,15 +92,14 @@ def data_split(plan: Plan) -> list[SourceSplit]:
     exactly only now: a held-out slice that leaves too little to train on is refused here."""
     run = plan.run
     splits = split(source_arrays(plan), shares(run.data), seq_len=plan.batch.seq_len, holdout=holdout_count(run))
-    need = 1 if run.data.sources else plan.batch.global_seqs
-    for s in splits:
-        if sum(s.train_tokens) // plan.batch.seq_len < need:
-            of = f"source {s.name}'s" if run.data.sources else "the corpus's"
-            raise ConfigError(
-                "eval.holdout_sequences",
-                f"holding out {s.held_out:,} of {of} {s.sequences:,} tokenized sequences leaves fewer than "
-                f"{need} to train on; hold out fewer",
-            )
+    if (s := short_of_training(splits, run)) is not None:
+        of = f"source {s.name}'s" if run.data.sources else "the corpus's"
+        need = 1 if run.data.sources else plan.batch.global_seqs
+        raise ConfigError(
+            "eval.holdout_sequences",
+            f"holding out {s.held_out:,} of {of} {s.sequences:,} tokenized sequences leaves fewer than "
+            f"{need} to train on; hold out fewer",
+        )
     return splits
 
 

@@ -144,6 +144,22 @@ def split(
     return out
 
 
+def planned_split(run: RunConfig, holdout: int) -> list[SourceSplit]:
+    """:func:`split` of the run's sources as the plan sees them (:func:`array_tokens`: sizes and
+    headers, nothing written), ``holdout`` sequences held out."""
+    d = run.data
+    arrays = {name: array_tokens(d, paths) for name, paths in source_paths(d).items()}
+    return split(arrays, shares(d), seq_len=d.seq_len, holdout=holdout)
+
+
+def short_of_training(splits: list[SourceSplit], run: RunConfig) -> SourceSplit | None:
+    """The first source left too little to train on before its held-out sequences: a corpus
+    needs one optimizer step (``trainer.global_batch_size`` sequences), a mixture's source one
+    sequence (the mixture repeats it as its share needs). None where every source can train."""
+    need = 1 if run.data.sources else run.trainer.global_batch_size
+    return next((s for s in splits if sum(s.train_tokens) // s.seq_len < need), None)
+
+
 def array_tokens(data: DataConfig, paths: list[str]) -> list[tuple[str, int]]:
     """``(label, tokens)`` of the arrays a source's files become, from sizes and headers alone
     (nothing is written or tokenized): each token file for ``numpy`` (files checked before); one

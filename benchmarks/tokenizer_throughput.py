@@ -16,7 +16,7 @@ as N encoder processes of one thread each; it was slower than the thread pool he
 record.) Prints a table and writes
 ``benchmarks/results/tokenize.md``.
 
-    .venv/bin/python benchmarks/tokenize.py [--mb 4] [--vocab 8192] [--rounds 2]
+    .venv/bin/python benchmarks/tokenizer_throughput.py [--mb 4] [--vocab 8192] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.test_tokenize import train_bpe  # noqa: E402  (the tests' tokenizer: one recipe for both)
 
 
 def corpus(mb: float) -> list[Path]:
@@ -49,22 +50,6 @@ def corpus(mb: float) -> list[Path]:
         if size >= mb * 2**20:
             break
     return out
-
-
-def train_bpe(texts: list[str], vocab: int, path: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=["<|endoftext|>", "<|pad|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer)
-    tok.save(str(path))
 
 
 def timed(fn) -> tuple[float, int]:
@@ -135,7 +120,7 @@ def main() -> None:
     lines = [
         "# Tokenizer throughput: `olmx data tokenize` against `tokenizers`' batch encode",
         "",
-        f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, `benchmarks/tokenize.py --mb {args.mb:g} "
+        f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, `benchmarks/tokenizer_throughput.py --mb {args.mb:g} "
         f"--vocab {args.vocab} --rounds {args.rounds}`",
         "",
         f"{len(files):,} standard-library files ({mib:.1f} MiB, one document each), {reference:,} tokens with a "
