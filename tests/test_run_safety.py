@@ -288,8 +288,16 @@ def test_lock_stale_foreign_and_racing_takeovers(tmp_path):
 
     # The launcher is gone but a process it started (torchrun saving a checkpoint) still runs.
     orphan = plant(pid=_dead_pid(), token="t-orphan")
-    child = subprocess.Popen(["sleep", "30"], env={**os.environ, LOCK_ENV: orphan.token})
+    # Popen returns once the child's exec has begun, before the kernel has set up its
+    # environment (/proc/PID/environ reads empty until then): wait for the child to say so.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+        env={**os.environ, LOCK_ENV: orphan.token},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"
         with pytest.raises(ConfigError, match=f"which is gone; processes it started still run \\(pids {child.pid}"):
             rd.acquire()
     finally:
