@@ -5,7 +5,9 @@ For each process count, a doubling search over ``data.seq_len`` (from ``--start`
 length every setting is trained for 4 steps with ``olmx train`` (real processes), its peak is
 the largest per-process resident-memory high-water mark (``summary.json``) minus a near-empty
 run's (the interpreter, torch, OLMo-core; as ``benchmarks/memory_model.py`` measures), and it
-"trains" when the run finishes with that peak under the cap. The step time is the median wall
+"trains" when the run finishes with that peak under the cap. A run is stopped as soon as one of
+its processes passes the cap (``VmHWM``, polled every 0.5 s), so settings that do not fit cost
+seconds, not a full run. The step time is the median wall
 time between consecutive metrics records of steps 1-4 (rank 0; the first step is left out).
 
 * hand: the best of a small grid, Ulysses degree (none, and every degree dividing the
@@ -32,8 +34,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
+
+from olmx.rundir import LOCK_ENV, LOCK_FILE, processes_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -48,13 +53,43 @@ ACS = ("null", "long_context", "full")
 os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # freed tensors go back to the OS (memory_model.py)
 
 
-def train(overrides: list[str], run_dir: Path) -> tuple[float, float] | None:
-    """(peak MiB of the largest process, median seconds of steps 2-4) of a 4-step run; None if it failed."""
-    proc = subprocess.run(
-        [*OLMX, "train", *COMMON, *overrides, f"trainer.run_dir={run_dir}"], capture_output=True, text=True
-    )
+def _high_water_mib(run_dir: Path) -> float:
+    """The largest resident-set high-water mark (``VmHWM``) of the processes that hold ``run_dir``'s
+    lock (its launcher's token is in their environment); 0 before the lock exists."""
+    try:
+        token = json.loads((run_dir / LOCK_FILE).read_text())["token"]
+    except (OSError, ValueError, KeyError):
+        return 0.0
+    peak = 0.0
+    for pid in processes_with_env(LOCK_ENV, token):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peak = max(peak, int(line.split()[1]) / 1024)
+    return peak
+
+
+def train(overrides: list[str], run_dir: Path, stop_above_mib: float | None = None) -> tuple[float, float] | None:
+    """(peak MiB of the largest process, median seconds of steps 2-4) of a 4-step run; None if it failed.
+    With ``stop_above_mib``, a run whose processes pass it is stopped at once: (the peak seen, nan)."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    err_path = run_dir.with_name(run_dir.name + ".stderr")
+    cmd = [*OLMX, "train", *COMMON, *overrides, f"trainer.run_dir={run_dir}"]
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        while proc.poll() is None:
+            time.sleep(0.5)
+            seen = _high_water_mib(run_dir) if stop_above_mib is not None else 0.0
+            if stop_above_mib is not None and seen > stop_above_mib:
+                proc.terminate()  # the launcher stops its workers (SIGTERM)
+                proc.wait()
+                print(f"  stopped over the cap at {seen:,.0f} MiB: {' '.join(overrides[-3:])}", flush=True)
+                return seen, float("nan")
     if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        tail = err_path.read_text().strip().splitlines()[-1:] or ["(no output)"]
         print(f"  failed ({proc.returncode}): {' '.join(overrides[-3:])}: {tail[0][:200]}", flush=True)
         return None
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -100,11 +135,11 @@ def search(n: int, cap: float, base: float, args: argparse.Namespace, tmp: Path)
         common.append(f"trainer.global_batch_size={n}")
         measured: dict[str, tuple[float, float] | None] = {}
         for i, setting in enumerate(alive):
-            measured[" ".join(setting)] = train([*common, *setting], tmp / f"n{n}-s{seq}-{i}")
+            measured[" ".join(setting)] = train([*common, *setting], tmp / f"n{n}-s{seq}-{i}", base + cap)
         pick = auto_choice([*common, "parallel=auto", "trainer.activation_checkpointing=auto"], cap / 1024)
         key = " ".join(pick) if pick is not None else None
         if key is not None and key not in measured:
-            measured[key] = train([*common, *(pick or [])], tmp / f"n{n}-s{seq}-auto")
+            measured[key] = train([*common, *(pick or [])], tmp / f"n{n}-s{seq}-auto", base + cap)
         fitted = {k: v[1] for k, v in measured.items() if v is not None and v[0] - base <= cap}
         peaks = {k: round(v[0] - base) for k, v in measured.items() if v is not None}
         print(f"  peaks above the baseline (MiB): {peaks}", flush=True)

@@ -60,6 +60,7 @@ def _compile_all(root: str) -> dict[str, dict]:
             "infra.nproc_per_node=2",
             "trainer.max_steps=2",
             "trainer.report=false",
+            "eval.interval=0",  # evaluation would compile the model once more, for its no-grad graphs
             f"trainer.run_dir={root}/{i}",
         ]
         plan = resolve(to_object(compose([*common, *overrides], reg), reg), reg)
