@@ -7,8 +7,8 @@ the largest per-process resident-memory high-water mark (``summary.json``) minus
 run's (the interpreter, torch, OLMo-core; as ``benchmarks/memory_model.py`` measures), and it
 "trains" when the run finishes with that peak under the cap. A run is stopped as soon as one of
 its processes passes the cap (``VmHWM``, polled every 0.5 s), so settings that do not fit cost
-seconds, not a full run. The step time is the median wall
-time between consecutive metrics records of steps 1-4 (rank 0; the first step is left out).
+seconds, not a full run. The step time is the median wall time between consecutive metrics
+records of steps 1-4 (rank 0; the first step is left out).
 
 * hand: the best of a small grid, Ulysses degree (none, and every degree dividing the
   processes) x activation checkpointing (none, long_context, full), DDP over the rest: the
@@ -38,9 +38,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from olmx.rundir import LOCK_ENV, LOCK_FILE, processes_with_env
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.ulysses import vm_hwm_mib  # noqa: E402
+from olmx.rundir import LOCK_ENV, RunDir, processes_with_env  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 OLMX = [sys.executable, "-m", "olmx"]
 COMMON = ["trainer.report=false", "trainer.max_steps=4", "trainer.save_interval=1000", "trainer.warmup_steps=1"]
@@ -56,20 +59,14 @@ os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # freed tensors go bac
 def _high_water_mib(run_dir: Path) -> float:
     """The largest resident-set high-water mark (``VmHWM``) of the processes that hold ``run_dir``'s
     lock (its launcher's token is in their environment); 0 before the lock exists."""
-    try:
-        token = json.loads((run_dir / LOCK_FILE).read_text())["token"]
-    except (OSError, ValueError, KeyError):
-        return 0.0
-    peak = 0.0
-    for pid in processes_with_env(LOCK_ENV, token):
+    holder = RunDir(run_dir).lock_holder()
+    peaks = [0.0]
+    for pid in processes_with_env(LOCK_ENV, holder.token) if holder is not None else []:
         try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
+            peaks.append(vm_hwm_mib(pid))
+        except OSError:  # it ended meanwhile
             continue
-        for line in status.splitlines():
-            if line.startswith("VmHWM:"):
-                peak = max(peak, int(line.split()[1]) / 1024)
-    return peak
+    return max(peaks)
 
 
 def train(overrides: list[str], run_dir: Path, stop_above_mib: float | None = None) -> tuple[float, float] | None:
@@ -82,8 +79,7 @@ def train(overrides: list[str], run_dir: Path, stop_above_mib: float | None = No
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         while proc.poll() is None:
             time.sleep(0.5)
-            seen = _high_water_mib(run_dir) if stop_above_mib is not None else 0.0
-            if stop_above_mib is not None and seen > stop_above_mib:
+            if stop_above_mib is not None and (seen := _high_water_mib(run_dir)) > stop_above_mib:
                 proc.terminate()  # the launcher stops its workers (SIGTERM)
                 proc.wait()
                 print(f"  stopped over the cap at {seen:,.0f} MiB: {' '.join(overrides[-3:])}", flush=True)

@@ -39,9 +39,9 @@ GRAIN = 256
 MODEL = {"d_model": 256, "n_layers": 4, "n_heads": 8, "hidden": 1024, "vocab": 384}
 
 
-def vm_hwm_mib() -> float:
-    """Peak resident set size of this process since the last reset (MiB)."""
-    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+def vm_hwm_mib(pid: int | str = "self") -> float:
+    """Peak resident set size of process ``pid`` (this one by default) since its last reset (MiB)."""
+    return int(re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1024
 
 
 def reset_hwm() -> None:
