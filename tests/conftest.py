@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 OLMX = [sys.executable, "-m", "olmx"]
+
+
+def pytest_configure(config):
+    """Ctrl-C works in the tests however pytest was started. A shell without job control starts
+    background commands (``cmd &``, nohup, some CI runners) with SIGINT ignored, and the children
+    inherit that: ``_thread.interrupt_main`` then does nothing and a test's SIGINT to ``olmx
+    train`` is lost. A Python handler, unlike SIG_IGN, is reset to the default on exec, so the
+    CLI processes the tests start handle Ctrl-C as they do from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

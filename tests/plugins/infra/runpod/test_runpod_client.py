@@ -419,18 +419,30 @@ def test_orphan_error_names_pod_and_command(client, fake) -> None:
 
 
 @contextlib.contextmanager
-def ctrl_c_after(seconds: float) -> Iterator[None]:
-    timer = threading.Timer(seconds, _thread.interrupt_main)
-    timer.start()
+def ctrl_c_while_polling(fake) -> Iterator[None]:
+    """Ctrl-C (``KeyboardInterrupt`` in the main thread) once the client has polled the pod it
+    created twice: the pod exists, and the client is in its wait loop, however loaded the machine."""
+    done = threading.Event()
+
+    def interrupt() -> None:
+        while not done.is_set():
+            if len(fake.calls("GET", POD_PATH)) >= 2:
+                _thread.interrupt_main()
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
     try:
         yield
     finally:
-        timer.cancel()
+        done.set()
+        thread.join()
 
 
 def test_ctrl_c_while_waiting_terminates_the_pod(client, fake) -> None:
     fake.stuck = True
-    with raises_clean(KeyboardInterrupt), ctrl_c_after(0.3):
+    with raises_clean(KeyboardInterrupt), ctrl_c_while_polling(fake):
         client.provision(pod_spec(), timeout=30, poll=0.01)
     assert fake.pods == {} and len(fake.calls("DELETE", POD_PATH)) == 1
 
@@ -438,7 +450,7 @@ def test_ctrl_c_while_waiting_terminates_the_pod(client, fake) -> None:
 def test_ctrl_c_and_failing_terminate_gives_the_command(client, fake) -> None:
     fake.stuck = True
     fake.inject("DELETE", POD_PATH, Fault(500), times=float("inf"))
-    with raises_clean(RunPodOrphanError, match="KeyboardInterrupt") as info, ctrl_c_after(0.3):
+    with raises_clean(RunPodOrphanError, match="KeyboardInterrupt") as info, ctrl_c_while_polling(fake):
         client.provision(pod_spec(), timeout=30, poll=0.01)
     (pod_id,) = fake.pods
     assert f"olmx provision runpod terminate {pod_id}" in str(info.value)

@@ -313,9 +313,12 @@ def _sharded_adam_equals_replicated(steps: int = 3, max_norm: float = 0.05):
 
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        # Adam's updates of near-zero gradients carry their reduction-order noise into the
-        # table (one entry 7e-6 off of ~0.05 seen; test_engram_plugin's resume test says more).
-        atol = 5e-5 if name.endswith("table.weight") else 1e-6
+        # The sharded run's gradients differ from the replicated one's in reduction order only
+        # (~1e-7 relative), but Adam's update of an entry whose gradient is near its epsilon
+        # turns that into a visible part of a step: up to 7e-6 seen, in the table, the
+        # embedding and w_q, against steps of lr=1e-2 (test_engram_plugin's resume test says
+        # more). 5e-5 is 0.5% of one step; a sharding or averaging error moves entries by steps.
+        atol = 5e-5
         torch.testing.assert_close(
             full(p).detach(), ref_params[name].detach(), rtol=1e-4, atol=atol, msg=lambda m, name=name: f"{name}: {m}"
         )
