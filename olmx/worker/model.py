@@ -88,4 +88,36 @@ def build_model(plan: Plan, reg: Any) -> Any:
     reg.get("precision", run.precision_name).apply_model(run.precision[run.precision_name], model, plan)
     for name, cfg in run.parallel.items():
         reg.get("parallel", name).apply_model(cfg, model, plan)
+    skip_unused_mask_warmup(model)
     return model
+
+
+def skip_unused_mask_warmup(model: Any) -> int:
+    """Stop OLMo-core from building attention masks that full causal attention never reads;
+    returns how many backends were changed.
+
+    OLMo-core 3.0.0's ``Transformer.init_weights(max_seq_len=...)`` (run by its train module)
+    warms every torch-SDPA backend's mask cache with ``tril(ones(S, S, bool))``: ``2 S^2``
+    bytes at once (one S x S bool tensor and its ``tril``), 2 GiB at ``data.seq_len=32768`` and
+    8 GiB at 65536, freed again because full causal attention calls SDPA with ``is_causal``.
+    That transient set the peak of long-sequence runs (a one-layer ``d_model=32`` model: 8.6 GiB
+    at 65536 tokens) and, under Ulysses, grew with the whole sequence rather than a rank's
+    share. Backends with a sliding window, and attention with sinks, do use the mask; they
+    keep the warmup (and build the mask at their first forward anyway)."""
+    from olmo_core.nn.attention import Attention
+    from olmo_core.nn.attention.backend import TorchAttentionBackend
+
+    changed = 0
+    for module in model.modules():
+        if not isinstance(module, Attention) or module.sinks is not None:
+            continue
+        for backend in module.backend.modules() if module.backend is not None else ():  # wrappers included
+            if isinstance(backend, TorchAttentionBackend) and tuple(backend.window_size) == (-1, -1):
+                backend.warmup_cache = _no_warmup
+                changed += 1
+    return changed
+
+
+def _no_warmup(max_seq_len: int, device: Any) -> None:
+    """``warmup_cache`` of a backend that needs no mask: nothing to build."""
+    del max_seq_len, device
