@@ -52,8 +52,7 @@ SEQ = 4096
 
 
 def plan_for(nodes: int, overrides: list[str], tokens: Path):
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
@@ -70,7 +69,7 @@ def plan_for(nodes: int, overrides: list[str], tokens: Path):
         *PAPER_27B,
         *overrides,
     ]
-    return resolve(to_object(compose(args, reg), reg), reg)
+    return plan_from_overrides(args, reg)
 
 
 def from_plans() -> list[tuple[int, str, str, float, float]]:

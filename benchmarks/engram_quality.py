@@ -91,12 +91,11 @@ def _sd(xs: list[float]) -> float:
 
 def total_params(overrides: list[str]) -> int:
     """The plan's total parameter count for these overrides."""
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
-    return resolve(to_object(compose(overrides, reg), reg), reg).params.total
+    return plan_from_overrides(overrides, reg).params.total
 
 
 def main() -> None:

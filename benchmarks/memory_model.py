@@ -186,13 +186,12 @@ def measured_mib(args: list[str], run_dir: Path) -> float:
 
 def estimated(args: list[str], run_dir: Path) -> tuple[str, dict[str, float]]:
     """The plan's device and its memory estimate's terms, in MiB."""
-    from olmx.config.compose import compose, to_object
     from olmx.plan.resolve import estimated as plan_estimate
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
-    plan = resolve(to_object(compose([*args, f"trainer.run_dir={run_dir}"], reg), reg), reg)
+    plan = plan_from_overrides([*args, f"trainer.run_dir={run_dir}"], reg)
     e = plan_estimate(plan.run, plan.world, reg).est
     return plan.world.device, {
         "state": (e.params + e.grads + e.optimizer + e.buffers) / MIB,

@@ -72,13 +72,13 @@ def train(
     ),
 ) -> None:
     """Compose the config, resolve the plan, and train (or print it with --dry-run)."""
-    from olmx.config.compose import compose, config_yaml, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.config.compose import config_yaml
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
-    run = to_object(compose(list(overrides or []), reg), reg)
-    plan = resolve(run, reg)
+    plan = plan_from_overrides(list(overrides or []), reg)
+    run = plan.run
     infra = reg.get("infra", run.infra_name)
     if dry_run:
         out.print("# resolved config", style="bold")

@@ -19,7 +19,7 @@ from olmx.config.schema import AutoParallelConfig
 from olmx.errors import ConfigError
 from olmx.plan import throughput
 from olmx.plan.memory import GIB
-from olmx.plan.resolve import count_params, estimated, padded_vocab, resolve
+from olmx.plan.resolve import count_params, estimated, padded_vocab, plan_from_overrides, resolve
 from olmx.registry import registry
 
 H100 = ["infra=runpod", "infra.gpu_type=NVIDIA H100 80GB HBM3", "infra.ship_data=false", "precision=bf16"]
@@ -37,7 +37,7 @@ AUTO += ["trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
 
 def plan(tmp_path, *overrides: str):
     reg = registry()
-    return resolve(to_object(compose([f"trainer.run_dir={tmp_path / 'run'}", *overrides], reg), reg), reg)
+    return plan_from_overrides([f"trainer.run_dir={tmp_path / 'run'}", *overrides], reg)
 
 
 def chosen(p) -> list[str]:

@@ -46,8 +46,7 @@ def _compile_all(root: str) -> dict[str, dict]:
     import torch.distributed as dist
     from torch._dynamo.utils import counters
 
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
     from olmx.worker.model import build_model
     from olmx.worker.train import build_trainer
@@ -63,7 +62,7 @@ def _compile_all(root: str) -> dict[str, dict]:
             "eval.interval=0",  # evaluation would compile the model once more, for its no-grad graphs
             f"trainer.run_dir={root}/{i}",
         ]
-        plan = resolve(to_object(compose([*common, *overrides], reg), reg), reg)
+        plan = plan_from_overrides([*common, *overrides], reg)
         real = torch.compile
         torch.compile = functools.partial(real, backend="aot_eager")  # type: ignore[assignment]
         try:

@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from olmx.config.compose import compose, to_object
 from olmx.errors import ConfigError
-from olmx.plan.resolve import resolve
+from olmx.plan.resolve import plan_from_overrides
 from olmx.registry import registry
 from tests.conftest import olmx_cli
 from tests.test_training import SMALL, train
@@ -32,7 +31,7 @@ def plan_of(tmp_path: Path, *overrides: str):
         f"trainer.run_dir={tmp_path / 'run'}",
         f"data.cache_dir={tmp_path / 'cache'}",
     ]
-    return resolve(to_object(compose([*base, *overrides], reg), reg), reg)
+    return plan_from_overrides([*base, *overrides], reg)
 
 
 def positional_files(tmp_path: Path, sizes: list[int]) -> list[Path]:

@@ -32,14 +32,13 @@ TINY = ["model.d_model=64", "model.n_layers=3", "model.n_heads=4", "model.n_kv_h
 
 def plan_for(tmp_path: Path, *overrides: str):
     """The resolved plan of a tiny one-process run (nothing is written)."""
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
     args = [*TINY, "data.seq_len=64", "infra.nproc_per_node=1", "parallel=[]", f"data.cache_dir={tmp_path / 'cache'}"]
     args += [f"trainer.run_dir={tmp_path / 'run'}", *overrides]
-    return resolve(to_object(compose(args, reg), reg), reg)
+    return plan_from_overrides(args, reg)
 
 
 def built(plan, seed: int):

@@ -8,11 +8,10 @@ import dataclasses
 
 import pytest
 
-from olmx.config.compose import compose, to_object
 from olmx.errors import ConfigError
 from olmx.launch.devices import gpu_memory_gib
 from olmx.plan import memory
-from olmx.plan.resolve import resolve
+from olmx.plan.resolve import plan_from_overrides
 from olmx.registry import registry
 
 H100 = ["infra=runpod", "infra.gpu_type=NVIDIA H100 80GB HBM3"]
@@ -20,7 +19,7 @@ H100 = ["infra=runpod", "infra.gpu_type=NVIDIA H100 80GB HBM3"]
 
 def plan(tmp_path, *overrides: str):
     reg = registry()
-    return resolve(to_object(compose([f"trainer.run_dir={tmp_path / 'run'}", *overrides], reg), reg), reg)
+    return plan_from_overrides([f"trainer.run_dir={tmp_path / 'run'}", *overrides], reg)
 
 
 def _estimate(p):

@@ -216,12 +216,11 @@ def test_catalogue_size():
 
 
 def plan_for(*overrides: str):
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
-    return resolve(to_object(compose(list(overrides), reg), reg), reg)
+    return plan_from_overrides(list(overrides), reg)
 
 
 def test_good_files_pass_and_the_plan_says_how_they_are_read(tmp_path, monkeypatch, files):
@@ -266,12 +265,11 @@ def test_a_warmup_longer_than_the_run_is_a_plan_warning(tmp_path, monkeypatch):
 def _saved_plan(tmp_path: Path) -> Path:
     from datetime import datetime
 
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
-    plan = resolve(to_object(compose([f"trainer.run_dir={tmp_path / 'run'}"], reg), reg), reg, now=datetime(2026, 1, 1))
+    plan = plan_from_overrides([f"trainer.run_dir={tmp_path / 'run'}"], reg, now=datetime(2026, 1, 1))
     return plan.save()
 
 

@@ -190,13 +190,12 @@ def test_refusals_name_the_problem_and_write_nothing(corpus, tokenized, tmp_path
 
 
 def _plan(*overrides: str):
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
     common = ["infra.nproc_per_node=1", "parallel=[]", "data.seq_len=64", "trainer.global_batch_size=8"]
-    return resolve(to_object(compose([*common, *overrides], reg), reg), reg)
+    return plan_from_overrides([*common, *overrides], reg)
 
 
 def test_the_plan_takes_the_ids_from_the_tokenizer_and_refuses_conflicts(corpus, tokenized, tmp_path) -> None:

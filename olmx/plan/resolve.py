@@ -68,6 +68,14 @@ def count_params(model: ModelConfig, vocab: int) -> ParamCounts:
     return ParamCounts(total=total, embedding=embedding, active=total)
 
 
+def plan_from_overrides(overrides: list[str], reg: Registry, *, now: datetime | None = None) -> Plan:
+    """The plan that ``olmx train OVERRIDES`` runs: the overrides composed with the config tree,
+    typed, and resolved."""
+    from olmx.config.compose import compose, to_object
+
+    return resolve(to_object(compose(overrides, reg), reg), reg, now=now)
+
+
 def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Plan:
     """Check the run and compute its plan (see :mod:`olmx.api` for the passes)."""
     infra = reg.get("infra", run.infra_name)

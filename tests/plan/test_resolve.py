@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from olmx.config.compose import compose, to_object
 from olmx.plan import Plan
-from olmx.plan.resolve import padded_vocab, resolve
+from olmx.plan.resolve import padded_vocab, plan_from_overrides
 from olmx.registry import registry
 from olmx.rundir import RunDir
 from olmx.worker.data import byte_corpus_tokens, cache_dir, stdlib_files
@@ -14,7 +13,7 @@ from olmx.worker.data import byte_corpus_tokens, cache_dir, stdlib_files
 
 def plan_for(*overrides: str) -> Plan:
     reg = registry()
-    return resolve(to_object(compose(list(overrides), reg), reg), reg, now=datetime(2026, 1, 2, 3, 4, 5))
+    return plan_from_overrides(list(overrides), reg, now=datetime(2026, 1, 2, 3, 4, 5))
 
 
 def test_default_plan(tmp_path, monkeypatch):

@@ -84,12 +84,11 @@ def test_init_builds_no_attention_mask_that_full_causal_attention_never_reads():
 def test_the_worker_builds_models_without_the_unused_mask_warmup(tmp_path):
     from olmo_core.nn.attention.backend import TorchAttentionBackend
 
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
     from olmx.worker import model as worker_model
 
     reg = registry()
-    plan = resolve(to_object(compose(["infra.nproc_per_node=1", f"trainer.run_dir={tmp_path}"], reg), reg), reg)
+    plan = plan_from_overrides(["infra.nproc_per_node=1", f"trainer.run_dir={tmp_path}"], reg)
     backends = [m for m in worker_model.build_model(plan, reg).modules() if isinstance(m, TorchAttentionBackend)]
     assert backends and all(b.warmup_cache is worker_model._no_warmup for b in backends)

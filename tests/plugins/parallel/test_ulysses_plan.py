@@ -7,16 +7,15 @@ from datetime import datetime
 
 import pytest
 
-from olmx.config.compose import compose, to_object
 from olmx.errors import ConfigError
-from olmx.plan.resolve import resolve
+from olmx.plan.resolve import plan_from_overrides
 from olmx.registry import registry
 from olmx_plugins.parallel.ulysses import all_to_all_bytes
 
 
 def plan_for(*overrides: str):
     reg = registry()
-    return resolve(to_object(compose(list(overrides), reg), reg), reg, now=datetime(2026, 1, 2, 3, 4, 5))
+    return plan_from_overrides(list(overrides), reg, now=datetime(2026, 1, 2, 3, 4, 5))
 
 
 def refusal(*overrides: str) -> str:

@@ -179,7 +179,7 @@ def test_tokenizer_json_of_a_byte_level_bpe_decodes_each_id_as_the_tokenizers_pa
 def test_engram_compression_with_a_non_byte_tokenizer_needs_its_tokenizer_json(tmp_path):
     from olmx.config.compose import compose, to_object
     from olmx.errors import ConfigError
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides, resolve
     from olmx.registry import registry
 
     reg = registry()
@@ -197,12 +197,12 @@ def test_engram_compression_with_a_non_byte_tokenizer_needs_its_tokenizer_json(t
         "parallel=[]",
     ]
     with pytest.raises(ConfigError, match="layers.engram.compression.*set data.tokenizer.path"):
-        resolve(to_object(compose(common, reg), reg), reg)
+        plan_from_overrides(common, reg)
     bad = _tokenizer_json(tmp_path / "wp.json", {"a": 0}, [], model="WordPiece")
     with pytest.raises(ConfigError, match="data.tokenizer.path: cannot read the tokenizer.*not a byte-level BPE"):
-        resolve(to_object(compose([*common, f"data.tokenizer.path={bad}"], reg), reg), reg)
+        plan_from_overrides([*common, f"data.tokenizer.path={bad}"], reg)
     good = _tokenizer_json(tmp_path / "tokenizer.json", {"a": 0, "Ġa": 1}, [{"id": 7, "content": "<eos>"}])
-    plan = resolve(to_object(compose([*common, f"data.tokenizer.path={good}"], reg), reg), reg)
+    plan = plan_from_overrides([*common, f"data.tokenizer.path={good}"], reg)
     assert dict(plan.sections["layers.engram"])["tokenizer compression"] == f"dolma2 vocabulary from {good}"
     assert (
         dict(plan.sections["layers.engram"])["canonical ids V'"] == "3 of the tokenizer's 8 ids (model vocabulary 128)"

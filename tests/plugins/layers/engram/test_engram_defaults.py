@@ -14,12 +14,11 @@ from olmx_plugins.layers.engram.config import EngramLayerConfig, default_layer_i
 
 
 def _plan(*overrides: str):
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
+    from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
-    return resolve(to_object(compose(list(overrides), reg), reg), reg), reg
+    return plan_from_overrides(list(overrides), reg), reg
 
 
 def _model(*overrides: str):
