@@ -40,6 +40,18 @@ def _fresh_state(monkeypatch):
     GlobalHydra.instance().clear()
 
 
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory) -> Path:
+    """The run directory of one uninterrupted 2-process DDP run of ``tests.test_training.SMALL``
+    for ``REFERENCE_STEPS`` (12 steps, checkpoints at 4, 8 and 12), trained once per session:
+    the reference that the parity, resume, fault and export tests compare with. Read it only."""
+    from tests.test_training import REFERENCE_STEPS, train
+
+    root = tmp_path_factory.mktemp("reference")
+    train(root / "run", {"OLMX_CACHE_DIR": str(root / "cache")}, *REFERENCE_STEPS)
+    return root / "run"
+
+
 def make_dist(
     site: Path,
     dist: str,

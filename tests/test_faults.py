@@ -22,7 +22,7 @@ import pytest
 from olmx.events import EXIT_NONFINITE, EXIT_PREEMPTED, read_events
 from olmx.launch.failures import attempt_failures
 from tests.conftest import olmx_cli
-from tests.test_training import SMALL
+from tests.test_training import REFERENCE_STEPS, SMALL
 
 pytestmark = pytest.mark.dist
 
@@ -74,11 +74,9 @@ def explain(proc: subprocess.CompletedProcess, run_dir: Path) -> str:
     return proc.stdout[-2000:] + proc.stderr[-3000:] + (log.read_text()[-4000:] if log.exists() else "")
 
 
-def test_preempted_and_killed_run_resumes_to_the_uninterrupted_result(tmp_path, cache):
-    steps = ["trainer.max_steps=12", "trainer.save_interval=4"]
-    ref = tmp_path / "ref"
-    proc = train(ref, cache, *steps)
-    assert proc.returncode == 0, explain(proc, ref)
+def test_preempted_and_killed_run_resumes_to_the_uninterrupted_result(tmp_path, cache, reference_run):
+    steps = REFERENCE_STEPS
+    ref = reference_run
 
     # 1. SIGTERM to `olmx train` while rank 0 is held inside step 5: both ranks finish step 5,
     #    save it, and `olmx train` exits 75.
