@@ -174,8 +174,8 @@ def _plan(run_dir: str | Path) -> tuple[Any, Any]:
 def _with_model(plan: Any, reg: Any, ckpt: Path, write: Any) -> int:
     from olmx.local_model import load_model, one_process
 
-    with one_process(plan):
-        return write(load_model(plan, reg, ckpt))
+    with one_process(plan):  # the architecture as configured: windows that training could skip too
+        return write(load_model(plan, reg, ckpt, keep_windows=True))
 
 
 def _save_hf(model: Any, plan: Any, arch: str, tmp: Path) -> int:

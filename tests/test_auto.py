@@ -87,7 +87,7 @@ def test_every_auto_choice_on_the_grid_is_accepted_when_written_out(world) -> No
                 p = resolve(grid_run(world, model, seq, *AUTO), reg)
             except ConfigError as exc:
                 assert "h100" in world, (world, model, seq, exc)
-                assert exc.field == "parallel" and "no setting fits the 79.6 GiB per process" in str(exc)
+                assert exc.field == "parallel" and "no setting fits the 73.7 GiB usable per process" in str(exc)
                 assert "GiB" in str(exc).split("(", 1)[1]  # every candidate's estimate
                 continue
             explicit = resolve(p.run, reg)
@@ -152,7 +152,7 @@ def test_ulysses_degree_auto_takes_the_smallest_degree_that_fits(tmp_path) -> No
         with pytest.raises(ConfigError, match="estimated peak") as info:
             plan(tmp_path, *args, f"parallel.ulysses.degree={smaller}")
         assert info.value.field == "memory"
-    assert "GiB > 79.6 GiB" in dict(p.sections["auto"])["tried before"]
+    assert "GiB > 73.7 GiB" in dict(p.sections["auto"])["tried before"]
 
 
 def test_refusals_carry_the_numbers(tmp_path) -> None:
@@ -160,7 +160,7 @@ def test_refusals_carry_the_numbers(tmp_path) -> None:
         plan(tmp_path, *WORLDS["h100 x1"], "model=olmo3_7b", *AUTO)
     text = str(info.value)
     assert info.value.field == "parallel"
-    assert "no setting fits the 79.6 GiB per process of NVIDIA H100 80GB HBM3" in text
+    assert "no setting fits the 73.7 GiB usable per process of NVIDIA H100 80GB HBM3" in text
     assert "trainer.activation_checkpointing=full: " in text and "the smallest estimate is" in text
     with pytest.raises(ConfigError, match="auto chooses every parallel strategy"):
         plan(tmp_path, "parallel=[auto,ulysses]")
@@ -186,7 +186,7 @@ def test_the_largest_micro_batch_that_fits(tmp_path) -> None:
 def test_on_cpus_auto_fits_the_ram_share_or_warns(tmp_path) -> None:
     p = plan(tmp_path, "infra.nproc_per_node=2", "model=olmo3_7b", "data.seq_len=131072", *AUTO)
     warning = dict(p.sections["warnings"])["auto"]
-    assert warning.startswith("auto: no setting fits the") and "GiB per process of cpu" in warning
+    assert warning.startswith("auto: no setting fits the") and "GiB usable per process of cpu" in warning
     assert p.run.trainer.activation_checkpointing == "full"  # the smallest estimate
 
 

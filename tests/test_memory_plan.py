@@ -33,7 +33,7 @@ def test_a_7b_model_on_one_80gb_gpu_is_refused_with_the_numbers(tmp_path) -> Non
         plan(tmp_path, *H100, "model=olmo3_7b")
     text = str(info.value)
     assert info.value.field == "memory"
-    assert "is more than the 79.6 GiB of NVIDIA H100 80GB HBM3" in text
+    assert "is more than the 73.7 GiB usable of NVIDIA H100 80GB HBM3 (79.6 GiB less headroom)" in text
     assert "parameters 2" in text and "optimizer 4" in text  # ~6.5B float32 parameters: ~24 GiB, ~48 GiB
     assert not (tmp_path / "run").exists()
 
@@ -45,8 +45,26 @@ def test_the_suggested_change_is_one_the_plan_then_accepts(tmp_path) -> None:
     assert "(estimated " in str(info.value)
     fitted = plan(tmp_path, *args, "trainer.activation_checkpointing=full")
     rows = dict(fitted.sections["memory"])
-    assert rows["estimated peak"].endswith("of 80 GiB per process (NVIDIA H100 80GB HBM3)")
+    assert rows["estimated peak"].endswith(
+        "of 73.7 GiB usable per process (NVIDIA H100 80GB HBM3: 80 GiB less 2 GiB for the CUDA context, NCCL and "
+        "cuBLAS, less 5% for fragmentation)"
+    )
     assert "without checkpointing" in rows["activations"]
+
+
+def test_gpu_fit_leaves_headroom_for_what_the_estimate_does_not_count(tmp_path) -> None:
+    """A peak between the usable memory and the GPU's whole memory is refused: the CUDA context,
+    NCCL's buffers and cuBLAS's workspaces take the rest."""
+    p = plan(tmp_path, *H100, "model=olmo3_1b")
+    est = _estimate(p)
+    usable = memory.usable_gib(p.world)
+    assert usable == pytest.approx((79.6 - memory.CUDA_RESERVED_GIB) * (1 - memory.FRAGMENTATION))
+    between = dataclasses.replace(est, params=est.params + int((usable + 1) * memory.GIB) - est.peak)
+    assert usable * memory.GIB < between.peak < 79.6 * memory.GIB
+    with pytest.raises(ConfigError, match="usable"):
+        memory.check(between, p.run, p.mesh, p.world, p.params.total, p.vocab_size, p.dtypes.param)
+    cpu = dataclasses.replace(p.world, device="cpu")
+    assert memory.usable_gib(cpu) == p.world.device_memory_gib  # CPUs: no CUDA context to leave room for
 
 
 def test_fsdp_shards_the_model_state_and_checkpointing_cuts_activations(tmp_path) -> None:
@@ -146,7 +164,7 @@ def test_ddp_on_eight_gpus_that_does_not_fit_is_told_to_shard(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"cheapest change that fits: parallel=\[fsdp\]"):
         plan(tmp_path, *args)
     fits = plan(tmp_path, *args, "parallel=[fsdp]")
-    assert "of 80 GiB per process" in dict(fits.sections["memory"])["estimated peak"]
+    assert "of 73.7 GiB usable per process" in dict(fits.sections["memory"])["estimated peak"]
 
 
 SMALL = ["model.d_model=512", "model.n_layers=4", "model.hidden_size=2048", "model.n_heads=8", "precision=fp32"]

@@ -24,7 +24,9 @@ class TorchrunConfig:
     #: resumes from the newest checkpoint that verifies.
     max_restarts: int = 0
     #: Seconds torchrun waits, after passing on a stop signal (SIGTERM/SIGINT), for the
-    #: processes to finish their step and save a checkpoint before it kills them.
+    #: processes to finish their step and save a checkpoint before it kills them. Given to
+    #: torchrun as ``PET_SHUTDOWN_TIMEOUT`` (its ``--shutdown-timeout``, torch 2.13+); torchrun
+    #: of torch 2.11 and 2.12 has no such setting and waits its fixed 30 s.
     stop_timeout: int = 300
 
     def check(self) -> None:
@@ -46,23 +48,27 @@ def torchrun_env(cfg: TorchrunConfig) -> dict[str, str]:
     keeps the previous attempt's process-group addresses, and a restarted gloo group that reads
     one before its peer overwrote it fails with "connectFullMesh ... Connection refused".
     (Without restarts the shared store stays: it keeps the workers' store on the rendezvous
-    port, which multi-node clusters open.)"""
-    env = {"PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1"}
+    port, which multi-node clusters open.)
+
+    ``PET_SHUTDOWN_TIMEOUT``: the stop grace period, as an environment variable rather than
+    ``--shutdown-timeout``, which torchrun of torch 2.11/2.12 refuses as an unknown option
+    (torchrun reads every option from ``PET_<NAME>``; older releases ignore the variable)."""
+    env = {"PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1", "PET_SHUTDOWN_TIMEOUT": str(cfg.stop_timeout)}
     if cfg.max_restarts > 0:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
 
 
 def torchrun_flags(cfg: TorchrunConfig, run_dir: str | Path) -> list[str]:
-    """torchrun options every infra target passes: restarts, the stop grace period, and
-    per-rank logs and error files of every attempt under ``RUN_DIR/logs/torchrun`` (which
-    :mod:`olmx.launch.failures` reads) while the ranks' output still reaches the node log."""
+    """torchrun options every infra target passes: restarts, and per-rank logs and error files
+    of every attempt under ``RUN_DIR/logs/torchrun`` (which :mod:`olmx.launch.failures` reads)
+    while the ranks' output still reaches the node log. (The stop grace period travels in
+    :func:`torchrun_env`.)"""
     cfg.check()
     return [
         f"--max-restarts={cfg.max_restarts}",
         f"--log-dir={RunDir(run_dir).torchrun_logs}",
         "--tee=3",
-        f"--shutdown-timeout={cfg.stop_timeout}",
     ]
 
 

@@ -18,7 +18,7 @@ with its reason). Cheapest means least modelled compute, then least communicatio
 3. the largest micro-batch dividing the per-rank batch (a smaller one only adds gradient
    accumulation steps).
 
-"Fits" is against :attr:`olmx.api.World.device_memory_gib`: one GPU's memory, or on CPUs this
+"Fits" is against :func:`olmx.plan.memory.usable_gib`: one GPU's memory less its headroom, or on CPUs this
 machine's RAM divided by its processes. Where nothing fits, a GPU run is refused with every
 candidate's estimate; a CPU run (where RAM is soft: swap, other processes) takes the smallest
 estimate and the plan warns. Where the device's memory is unknown, the first candidate the plan
@@ -35,7 +35,7 @@ from typing import Any
 from olmx.api import PARALLEL_CAPABILITIES, World
 from olmx.config.schema import AUTO, RunConfig
 from olmx.errors import ConfigError, OlmxError
-from olmx.plan.memory import GIB, gib
+from olmx.plan.memory import GIB, gib, usable_gib
 
 #: ``trainer.activation_checkpointing`` by recompute, cheapest first.
 AC_BY_COST: tuple[str | None, ...] = (None, "long_context", "full")
@@ -149,7 +149,7 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
     asked = [f for f, on in _asked(run, lays) if on]
     if not asked:
         return Choice(run, (), [])
-    cap = world.device_memory_gib
+    cap = usable_gib(world)
     tried: list[tuple[tuple[str, ...], int | None, str]] = []
     valid: list[tuple[int, RunConfig, tuple[str, ...]]] = []
     errors: list[ConfigError] = []
@@ -211,7 +211,7 @@ def _rows(
     world: World,
     tried: list[tuple[tuple[str, ...], int | None, str]],
 ) -> list[tuple[str, str]]:
-    where = f"{cap:.1f} GiB per process ({world.device_name})" if cap else "memory unknown"
+    where = f"{cap:.1f} GiB usable per process ({world.device_name})" if cap else "memory unknown"
     rows = [("chosen", " ".join(overrides) or "the settings as given")]
     if cap is None:
         rows.append(("why", f"the first setting the plan accepts; {world.device_name}'s memory is unknown"))
@@ -245,8 +245,8 @@ def _nothing_fits(
     assert cap is not None  # with unknown memory the first valid setting is taken
     estimates = "; ".join(f"{' '.join(ov)}: {gib(p)}" for ov, p, _ in tried if p is not None)
     message = (
-        f"auto: no setting fits the {cap:.1f} GiB per process of {world.device_name} ({estimates}); the smallest "
-        f"estimate is {gib(peak)} ({' '.join(overrides)}): use more processes, a smaller model, a shorter "
+        f"auto: no setting fits the {cap:.1f} GiB usable per process of {world.device_name} ({estimates}); "
+        f"the smallest estimate is {gib(peak)} ({' '.join(overrides)}): use more processes, a smaller model, a shorter "
         f"data.seq_len or a smaller trainer.micro_batch_size"
     )
     if world.device == "cuda":

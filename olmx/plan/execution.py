@@ -5,7 +5,7 @@ The plan is made where the run is described (a laptop, a login node), not where 
 the attention backend is a rule the worker applies with what is installed there
 (:func:`olmx.worker.model.attention_backend`); what can be known here is checked here: a
 flash-attention kernel with float32 compute, a CUDA-only kernel on a CPU run, flash-attn 3
-below SM90.
+off Hopper (SM 9.x).
 """
 
 from __future__ import annotations
@@ -21,6 +21,16 @@ COMPILE_MODES = ("auto", "true", "false")
 #: Metric records per step on CUDA when ``trainer.log_interval`` is null (OLMo-core's scripts
 #: collect every 10-50 steps: collecting syncs the host with the device).
 CUDA_LOG_INTERVAL = 10
+
+
+def windows_matter(windows: list[int] | tuple[int, ...] | None, seq_len: int | None) -> bool:
+    """Whether sliding windows change anything for sequences of at most ``seq_len`` tokens:
+    a window of ``w`` lets token ``i`` see tokens ``i - w + 1 .. i`` (OLMo-core's
+    ``window_size = (w - 1, 0)``), so where every window is at least ``seq_len`` each token
+    already sees all earlier ones and the attention is plain causal attention."""
+    if not windows:
+        return False
+    return seq_len is None or any(w != -1 and w < seq_len for w in windows)
 
 
 @dataclass(frozen=True)
@@ -59,21 +69,29 @@ def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
             f"CUDA) or model.attn_backend=auto or torch",
         )
     cc = world.compute_capability
-    if backend == "flash_3" and cc is not None and cc < (9, 0):
+    if backend == "flash_3" and cc is not None and not (9, 0) <= cc < (10, 0):
         raise ConfigError(
             "model.attn_backend",
-            f"flash_3 (flash-attention 3) needs compute capability 9.0+ (Hopper); "
+            f"flash_3 (flash-attention 3) runs in OLMo-core only on compute capability 9.x (Hopper); "
             f"{world.device_name} has {cc[0]}.{cc[1]}: use flash_2 or auto",
         )
     notes = []
     if backend == "auto":
         rule = (
-            "flash_3 where installed on SM90+, else flash_2 where installed, else torch SDPA (16-bit compute on CUDA)"
+            "flash_3 where it imports on SM 9.x (Hopper), else flash_2 where it imports, else torch SDPA "
+            "(16-bit compute on CUDA)"
             if world.device == "cuda" and half
             else f"torch SDPA ({dtypes.param} compute on {world.device})"
         )
         notes.append(f"attention: auto = {rule}")
-    if m.sliding_window and backend in ("auto", "torch") and not (world.device == "cuda" and half):
+    if m.sliding_window and not windows_matter(m.sliding_window, run.data.seq_len):
+        sizes = ", ".join(sorted({str(w) for w in m.sliding_window if w != -1}))
+        notes.append(
+            f"attention: the sliding windows ({sizes} tokens) cover data.seq_len={run.data.seq_len}, so they "
+            "change nothing and are left out in training: plain causal attention, SDPA's flash kernel "
+            "(export keeps them: the architecture)"
+        )
+    elif m.sliding_window and backend in ("auto", "torch") and not (world.device == "cuda" and half):
         notes.append(
             "attention: sliding windows on torch SDPA build an explicit seq_len x seq_len mask (no flash "
             "kernel): slow and memory-hungry at long context; flash-attn handles them natively"
@@ -100,3 +118,27 @@ def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
         + ("" if t.log_interval else f" (null: {CUDA_LOG_INTERVAL} on CUDA, 1 on CPUs)")
     )
     return Execution(attention=backend, compile=compile_, log_interval=interval, notes=tuple(notes))
+
+
+#: The modules flash-attention installs (2: ``flash_attn``; 3: ``flash_attn_3`` or, built from
+#: source, ``flash_attn_interface``), as OLMo-core imports them.
+FLASH_MODULES = ("flash_attn", "flash_attn_3", "flash_attn_interface")
+
+
+def kernel_warnings(execution: Execution, world: World, dtypes: Dtypes) -> list[str]:
+    """The plan's warning where ``model.attn_backend=auto`` on CUDA will find no flash kernel:
+    no flash-attention package is installed in the environment that makes the plan (looked up,
+    not imported: the plan imports no torch). Local runs train in this environment; Slurm and
+    RunPod nodes may have their own, hence "where this plan was made"."""
+    import importlib.util
+
+    if execution.attention != "auto" or world.device != "cuda" or dtypes.param == "float32":
+        return []
+    if any(importlib.util.find_spec(name) is not None for name in FLASH_MODULES):
+        return []
+    return [
+        "no flash-attention package is installed where this plan was made (flash_attn, flash_attn_3): "
+        "model.attn_backend=auto falls back to torch SDPA, whose flash kernel serves plain causal attention "
+        "but not sliding windows shorter than data.seq_len (an explicit mask: S^2 work and memory); "
+        "install a flash-attn build that matches this torch for flash_2/flash_3"
+    ]

@@ -75,6 +75,27 @@ AUTOCAST_D = 7
 OPTIMIZER_TEMPORARIES = 1
 
 
+#: GiB of a GPU that no tensor of the run can use: the CUDA context (~0.5 GiB on Hopper with
+#: torch's kernels loaded), NCCL's channel and proxy buffers (~0.3-1 GiB, more with more peers
+#: and with NVLink SHARP), cuBLAS/cuBLASLt workspaces (32 MiB a stream on Hopper) and Triton's
+#: and inductor's loaded kernels. The estimate counts live tensors only.
+CUDA_RESERVED_GIB = 2.0
+#: The share of what is left that the caching allocator can lose to fragmentation (blocks
+#: reserved but not reusable at the peak); small with expandable segments, which the worker
+#: turns on (:func:`olmx.worker.run.worker_environment`).
+FRAGMENTATION = 0.05
+
+
+def usable_gib(world: World) -> float | None:
+    """Memory of one process's device that a run's tensors can fill (None: unknown): a GPU's
+    memory less :data:`CUDA_RESERVED_GIB`, less :data:`FRAGMENTATION` of the rest; on CPUs, the
+    process's share of the host's RAM as the infra plugin gives it."""
+    cap = world.device_memory_gib
+    if cap is None or world.device != "cuda":
+        return cap
+    return max(cap - CUDA_RESERVED_GIB, 0.0) * (1 - FRAGMENTATION)
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per process at the peak of a training step."""
@@ -178,8 +199,17 @@ def rows(est: MemoryEstimate, world: World) -> list[tuple[str, str]]:
         ("activations", gib(est.activations) + ac),
         ("buffers", gib(est.buffers)),
     ]
-    cap = world.device_memory_gib
-    where = f"of {cap:.0f} GiB per process ({world.device_name})" if cap else "(device memory unknown)"
+    cap, usable = world.device_memory_gib, usable_gib(world)
+    if cap is None or usable is None:
+        where = "(device memory unknown)"
+    elif usable == cap:
+        where = f"of {cap:.0f} GiB per process ({world.device_name})"
+    else:
+        where = (
+            f"of {usable:.1f} GiB usable per process ({world.device_name}: {cap:.0f} GiB less "
+            f"{CUDA_RESERVED_GIB:g} GiB for the CUDA context, NCCL and cuBLAS, less {FRAGMENTATION:.0%} "
+            "for fragmentation)"
+        )
     out.append(("estimated peak", f"{gib(est.peak)} {where}"))
     return out
 
@@ -200,7 +230,7 @@ def check(
 
     from olmx.errors import ConfigError
 
-    cap = world.device_memory_gib
+    cap = usable_gib(world)
     if cap is None or est.peak <= cap * GIB:
         return []
     t = run.trainer
@@ -236,7 +266,9 @@ def check(
     message = (
         f"estimated peak {gib(est.peak)} per process (parameters {gib(est.params)}, gradients {gib(est.grads)}, "
         f"optimizer {gib(est.optimizer)}, activations {gib(est.activations)}, buffers {gib(est.buffers)}) is more "
-        f"than the {cap:.1f} GiB of {world.device_name}; cheapest change that fits: {fix}"
+        f"than the {cap:.1f} GiB usable of {world.device_name}"
+        + (f" ({world.device_memory_gib:.1f} GiB less headroom)" if cap != world.device_memory_gib else "")
+        + f"; cheapest change that fits: {fix}"
     )
     if world.device == "cuda":
         raise ConfigError("memory", message)

@@ -19,7 +19,7 @@ from olmx.api import CLAIMABLE_DIMS, CONFIG_GROUPS, KIND_ORDER, Context, Contrib
 from olmx.config.schema import AUTO, ModelConfig, RunConfig
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan import BatchPlan, ParamCounts, Plan
-from olmx.plan.execution import resolve_execution
+from olmx.plan.execution import kernel_warnings, resolve_execution
 from olmx.plan.hf import check_init_from
 from olmx.plan.memory import MemoryEstimate
 from olmx.plan.resume import check_resume
@@ -133,6 +133,7 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
                     + _scale_warnings(run, params)
                     + [("auto", choice.warning)] * bool(choice.warning)
                     + [("world", w) for w in world.warnings]
+                    + [("attention", w) for w in kernel_warnings(execution, world, dtypes)]
                     + [("memory", w) for w in mem_warnings]
                 )
                 else {}

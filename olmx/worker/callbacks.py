@@ -1,8 +1,12 @@
-"""olmx's trainer callback: ``metrics.jsonl`` and ``summary.json`` in the run directory.
+"""olmx's trainer callbacks: ``metrics.jsonl`` and ``summary.json`` in the run directory, and
+OLMo-core's speed monitor with olmx's peak FLOP/s table.
 
 Rank 0 appends one JSON object per logged step (``step``, ``loss``, ``lr``, ``tokens``,
-``tokens_per_s``, ``tokens_per_s_per_process``, ``flops_per_s_per_device``, ``mfu`` (OLMo-core's,
-where it knows the device), ``peak_mem_mib``, ``time``; a step skipped for a non-finite loss
+``tokens_per_s`` (over the last :data:`WINDOW_STEPS` steps, so start-up, compilation and
+recompiles leave it once they are out of the window), ``tokens_per_s_per_process``,
+``flops_per_s_per_device``, ``mfu`` (OLMo-core's, per step, against :func:`olmx.launch.devices.peak_flops`
+for the run's compute dtype; absent where olmx does not know the device), ``peak_mem_mib``,
+``reserved_mem_mib`` (CUDA), ``time``; a step skipped for a non-finite loss
 has ``loss: null`` and ``skipped: true``; an evaluated step adds ``eval/loss`` and
 ``eval/perplexity``, from OLMo-core's evaluator: :func:`olmx.worker.datasets.eval_record`); the
 launcher follows that file to draw its progress bar. At the end (also when the run stops early
@@ -16,11 +20,12 @@ import json
 import os
 import resource
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from olmo_core.train.callbacks import Callback
+from olmo_core.train.callbacks import Callback, SpeedMonitorCallback
 
 from olmx.rundir import RunDir
 from olmx.worker.datasets import eval_record
@@ -33,6 +38,44 @@ def peak_memory_mib(device: Any) -> float:
     if getattr(device, "type", "cpu") == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reserved_memory_mib(device: Any) -> float | None:
+    """Peak memory the CUDA caching allocator reserved (what ``nvidia-smi`` shows, minus the
+    CUDA context); None on CPU."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        return torch.cuda.max_memory_reserved(device) / 2**20
+    return None
+
+
+#: Steps over which ``tokens_per_s`` is measured: recent enough to follow the run, long enough
+#: to average out one slow step (a checkpoint, an evaluation, a recompile).
+WINDOW_STEPS = 20
+
+
+@dataclass
+class OlmxSpeedMonitorCallback(SpeedMonitorCallback):
+    """OLMo-core's speed monitor (``throughput/device/*`` metrics, MFU) with the device's peak
+    from olmx's table (:data:`olmx.launch.devices.PEAK_FLOPS`) for the run's compute dtype.
+    OLMo-core 3.0.0's own table knows H100, B200/B300 and RTX PRO 6000 and takes every other
+    GPU for an A100, so an H200 read ~3x its real MFU; here an unknown device reports no MFU
+    rather than a wrong one."""
+
+    #: The run's compute dtype (``plan.dtypes.param``).
+    compute_dtype: str = "bfloat16"
+
+    def pre_train(self) -> None:
+        """OLMo-core's set-up, then olmx's peak."""
+        super().pre_train()
+        if self.trainer.device.type == "cuda":
+            import torch
+
+            from olmx.launch.devices import peak_flops
+
+            peak = peak_flops(torch.cuda.get_device_name(self.trainer.device), self.compute_dtype)
+            self.device_peak_flops_per_second = int(peak) if peak else None
 
 
 def truncate_metrics(run_dir: str | Path, last_step: int | None) -> None:
@@ -61,32 +104,34 @@ class OlmxMetricsCallback(Callback):
     resumed_from: int | None = None
     #: Tokens per sequence (for the evaluator's loss, :func:`olmx.worker.datasets.eval_record`).
     seq_len: int = 2
-    _t0: float | None = field(default=None, repr=False)
-    _step0: int = field(default=0, repr=False)
-    _last_time: float = field(default=0.0, repr=False)
+    #: ``(step, time)`` at the end of the last :data:`WINDOW_STEPS` + 1 steps.
+    _ends: deque = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS + 1), repr=False)
 
     def pre_train(self) -> None:
-        """Start the clocks."""
-        self._t0 = None
-        self._step0 = self.step
+        """Start the clock."""
+        self._ends.clear()
 
     def post_step(self) -> None:
-        """Time steps (from the end of the first one, to skip warm-up) and record peak memory."""
+        """Time the step and record peak memory."""
         from olmo_core.train.common import ReduceType
 
-        now = time.perf_counter()
-        if self._t0 is None:
-            self._t0, self._step0 = now, self.step
-        self._last_time = now
+        self._ends.append((self.step, time.perf_counter()))
         self.trainer.record_metric(
             "system/peak memory (MiB)", peak_memory_mib(self.trainer.device), reduce_type=ReduceType.max
         )
+        reserved = reserved_memory_mib(self.trainer.device)
+        if reserved is not None:
+            self.trainer.record_metric("system/reserved memory (MiB)", reserved, reduce_type=ReduceType.max)
 
     def _tokens_per_s(self) -> float | None:
-        steps = self.step - self._step0
-        if self._t0 is None or steps <= 0 or self._last_time <= self._t0:
+        """Tokens per second over the window: the steps that ended after its first step's end
+        (so the first step of a run or a resume, start-up included, never counts)."""
+        if len(self._ends) < 2:
             return None
-        return steps * self.tokens_per_step / (self._last_time - self._t0)
+        (first_step, first), (last_step, last) = self._ends[0], self._ends[-1]
+        if last_step <= first_step or last <= first:
+            return None
+        return (last_step - first_step) * self.tokens_per_step / (last - first)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Append the step's record (rank 0 only)."""
@@ -109,6 +154,8 @@ class OlmxMetricsCallback(Callback):
             "peak_mem_mib": metrics.get("system/peak memory (MiB)"),
             "time": time.time(),
         }
+        if "system/reserved memory (MiB)" in metrics:
+            record["reserved_mem_mib"] = metrics["system/reserved memory (MiB)"]
         if skipped:
             record["skipped"] = True
         record.update(evaluated)

@@ -6,41 +6,51 @@ from typing import Any
 
 from olmx.config.schema import ModelConfig
 from olmx.plan import Plan
+from olmx.plan.execution import windows_matter
 
 
 def attention_backend(
     name: str, *, device: str, compute_dtype: str = "float32", compute_capability: tuple[int, int] | None = None
 ) -> str:
     """The attention kernel for ``model.attn_backend`` (the plan's ``execution.attention``) on
-    this worker: ``auto`` is flash-attn 3 on SM90+ where installed, else flash-attn 2 where
-    installed, else torch SDPA, when the run computes in 16 bits on CUDA (flash-attention
-    takes only 16-bit inputs); torch SDPA otherwise."""
+    this worker: ``auto`` is flash-attention 3 on Hopper (SM 9.x, the only GPUs OLMo-core runs
+    it on) where it imports, else flash-attention 2 where it imports, else torch SDPA, when the
+    run computes in 16 bits on CUDA (flash-attention takes only 16-bit inputs); torch SDPA
+    otherwise. "Imports" is OLMo-core's own test (``olmo_core.nn.attention.flash_attn_api``):
+    a package that is installed but built for another torch fails to import and is not
+    chosen, and flash-attention 3 is found under both of its module names."""
     if name != "auto":
         return name
     if device == "cuda" and compute_dtype != "float32":
-        import importlib.util
+        from olmo_core.nn.attention import flash_attn_api
 
-        if (
-            compute_capability is not None
-            and compute_capability >= (9, 0)
-            and importlib.util.find_spec("flash_attn_interface")
-        ):
+        hopper = compute_capability is not None and (9, 0) <= compute_capability < (10, 0)
+        if hopper and flash_attn_api.flash_attn_3 is not None:
             return "flash_3"
-        if importlib.util.find_spec("flash_attn") is not None:
+        if flash_attn_api.flash_attn_2 is not None:
             return "flash_2"
     return "torch"
 
 
-def build_model_config(model: ModelConfig, *, vocab_size: int, attention: str = "torch") -> Any:
+def build_model_config(
+    model: ModelConfig, *, vocab_size: int, attention: str = "torch", seq_len: int | None = None
+) -> Any:
     """OLMo-core ``TransformerConfig`` for ``model`` (llama-like; OLMo 2/3 through the block
-    type, QK-norm and sliding-window settings)."""
+    type, QK-norm and sliding-window settings).
+
+    ``seq_len``: the longest sequence the model will be run on. Where every sliding window
+    covers it (:func:`windows_matter`), the windows are left out: the attention is the same,
+    but OLMo-core's torch backend would pass SDPA an explicit ``seq_len x seq_len`` mask for a
+    windowed layer, which rules out SDPA's flash kernel (full S^2 work and memory). OLMo 3's
+    presets have 4,096-token windows, so this is every OLMo 3 run at ``data.seq_len <= 4096``.
+    None keeps the windows as configured (the architecture, for export)."""
     from olmo_core.config import DType
     from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
     from olmo_core.nn.feed_forward import FeedForwardConfig
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
     sliding = None
-    if model.sliding_window:
+    if model.sliding_window and windows_matter(model.sliding_window, seq_len):
         sliding = SlidingWindowAttentionConfig(
             pattern=list(model.sliding_window),
             force_full_attention_on_first_layer=False,
@@ -63,12 +73,15 @@ def build_model_config(model: ModelConfig, *, vocab_size: int, attention: str = 
     )
 
 
-def build_model(plan: Plan, reg: Any) -> Any:
+def build_model(plan: Plan, reg: Any, *, keep_windows: bool = False) -> Any:
     """The model on the meta device, edited in this order before any parallelism is applied
     (where OLMo-core's ``parallelize_model`` applies ``float8_config``): the layer plugins (by
     their ``order``: config, then the built model), the precision plugin (module swaps such as
     MXFP8 linears, which must see the layers' modules too), the parallel plugins (e.g. the
-    Ulysses attention wrapper)."""
+    Ulysses attention wrapper).
+
+    Sliding windows that cover ``data.seq_len`` are left out (:func:`build_model_config`)
+    unless ``keep_windows`` (export: the architecture as configured)."""
     run = plan.run
     cc = None
     if plan.world.device == "cuda":
@@ -78,7 +91,8 @@ def build_model(plan: Plan, reg: Any) -> Any:
     attention = attention_backend(
         plan.execution.attention, device=plan.world.device, compute_dtype=plan.dtypes.param, compute_capability=cc
     )
-    config = build_model_config(run.model, vocab_size=plan.vocab_size, attention=attention)
+    seq_len = None if keep_windows else plan.batch.seq_len
+    config = build_model_config(run.model, vocab_size=plan.vocab_size, attention=attention, seq_len=seq_len)
     layers = reg.layers_in_order(run.layers)
     for _, layer, cfg in layers:
         config = layer.apply_model_config(cfg, config, plan)

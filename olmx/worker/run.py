@@ -54,13 +54,30 @@ def run_worker(plan_path: str | Path) -> None:
         raise SystemExit(code)
 
 
+def worker_environment(device: str, environ: dict[str, str]) -> dict[str, str]:
+    """The variables the worker sets before OLMo-core and the CUDA allocator start (each only
+    where the user has not set it): the run directory is on a shared filesystem as far as
+    OLMo-core knows (one process writes what all share); on CUDA, the caching allocator's
+    expandable segments (as OLMo-core's own launch presets set them: less fragmentation, so
+    fewer out-of-memory errors at high occupancy); on CPUs, no per-rank Triton cache folder
+    (OLMo-core makes one per rank and job under ``/tmp`` because ranks race on Triton's
+    autotune files; CPU workers compile no Triton kernels, so they would only leave empty
+    folders behind). GPU workers keep OLMo-core's per-rank cache."""
+    out = {"OLMO_SHARED_FS": "1"}
+    if device == "cuda":
+        if "PYTORCH_ALLOC_CONF" not in environ and "PYTORCH_CUDA_ALLOC_CONF" not in environ:
+            out["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    else:
+        out["OLMO_DISABLE_PER_RANK_TRITON_CACHE"] = "1"
+    return {k: v for k, v in out.items() if k not in environ}
+
+
 def _run(plan_path: str | Path) -> int:
-    os.environ.setdefault("OLMO_DISABLE_PER_RANK_TRITON_CACHE", "1")
-    os.environ.setdefault("OLMO_SHARED_FS", "1")
     from olmx.registry import registry
 
     reg = registry()
-    plan = Plan.load(plan_path, reg)
+    plan = Plan.load(plan_path, reg)  # torch-free: nothing has read the variables below yet
+    os.environ.update(worker_environment(plan.world.device, dict(os.environ)))
     run = plan.run
 
     from olmo_core.distributed.utils import barrier, get_rank, get_world_size

@@ -123,7 +123,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     from olmo_core.train.callbacks import CheckpointerCallback, ConsoleLoggerCallback
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
-    from olmx.worker.callbacks import OlmxMetricsCallback
+    from olmx.worker.callbacks import OlmxMetricsCallback, OlmxSpeedMonitorCallback
     from olmx.worker.checkpoint import OlmxCheckpointerConfig
     from olmx.worker.datasets import build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
@@ -150,6 +150,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
             save_interval=t.save_interval, save_async=False, pre_train_checkpoint=False
         ),
         "console_logger": ConsoleLoggerCallback(log_interval=max(plan.execution.log_interval, 10)),
+        "speed_monitor": OlmxSpeedMonitorCallback(compute_dtype=plan.dtypes.param),
         "olmx_metrics": OlmxMetricsCallback(
             run_dir=str(run_dir),
             tokens_per_step=plan.batch.global_tokens,

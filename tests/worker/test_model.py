@@ -92,3 +92,98 @@ def test_the_worker_builds_models_without_the_unused_mask_warmup(tmp_path):
     plan = plan_from_overrides(["infra.nproc_per_node=1", f"trainer.run_dir={tmp_path}"], reg)
     backends = [m for m in worker_model.build_model(plan, reg).modules() if isinstance(m, TorchAttentionBackend)]
     assert backends and all(b.warmup_cache is worker_model._no_warmup for b in backends)
+
+
+def test_windows_that_cover_the_sequence_are_left_out_with_the_same_logits():
+    """A window of w tokens changes nothing for sequences of at most w tokens: the model built for
+    data.seq_len=w has no windowed layer (SDPA runs its causal kernel, no S x S mask) and, with the
+    same weights, the logits of the windowed model; one token longer and the windows are kept."""
+    import torch
+    from olmo_core.nn.attention.backend import TorchAttentionBackend
+
+    model_cfg = ModelConfig(d_model=32, n_layers=3, n_heads=2, sliding_window=[16, -1])
+    windowed = build_model_config(model_cfg, vocab_size=384).build(init_device="cpu")
+    covered = build_model_config(model_cfg, vocab_size=384, seq_len=16).build(init_device="cpu")
+    longer = build_model_config(model_cfg, vocab_size=384, seq_len=17).build(init_device="cpu")
+
+    def windows(model):
+        return [m.window_size for m in model.modules() if isinstance(m, TorchAttentionBackend)]
+
+    assert windows(windowed) == windows(longer) == [(15, 0), (-1, -1), (-1, -1)]
+    assert windows(covered) == [(-1, -1)] * 3
+    torch.manual_seed(0)
+    windowed.init_weights(device=torch.device("cpu"))
+    covered.load_state_dict(windowed.state_dict())
+    ids = torch.randint(0, 384, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(covered(ids), windowed(ids), rtol=0, atol=1e-6)
+        # ... and at 17 tokens the window does change the logits (so the test above can fail)
+        ids = torch.randint(0, 384, (2, 40))
+        assert not torch.allclose(covered(ids), windowed(ids), atol=1e-4)
+
+
+def test_the_worker_and_export_builds_of_an_olmo3_model(tmp_path):
+    """The worker leaves out the windows that cover data.seq_len; export keeps the architecture."""
+    from olmo_core.nn.attention.backend import TorchAttentionBackend
+
+    from olmx.plan.resolve import plan_from_overrides
+    from olmx.registry import registry
+    from olmx.worker.model import build_model
+
+    reg = registry()
+    overrides = ["infra.nproc_per_node=1", f"trainer.run_dir={tmp_path}", "model.sliding_window=[64,64,-1]"]
+    overrides += ["model.block=reordered_norm", "model.qk_norm=true", "data.seq_len=64"]
+    plan = plan_from_overrides(overrides, reg)
+    assert any("cover data.seq_len=64" in row for row in plan.execution.notes)
+
+    def windows(model):
+        return {m.window_size for m in model.modules() if isinstance(m, TorchAttentionBackend)}
+
+    assert windows(build_model(plan, reg)) == {(-1, -1)}
+    assert windows(build_model(plan, reg, keep_windows=True)) == {(63, 0), (-1, -1)}
+
+
+def test_auto_attention_takes_only_kernels_that_import_and_flash_3_only_on_hopper(monkeypatch):
+    from olmo_core.nn.attention import flash_attn_api
+
+    from olmx.worker.model import attention_backend
+
+    def choose(cc, dtype="bfloat16"):
+        return attention_backend("auto", device="cuda", compute_dtype=dtype, compute_capability=cc)
+
+    # flash-attn that does not import (absent, or built for another torch) is never chosen
+    monkeypatch.setattr(flash_attn_api, "flash_attn_2", None)
+    monkeypatch.setattr(flash_attn_api, "flash_attn_3", None)
+    assert choose((9, 0)) == "torch"
+    monkeypatch.setattr(flash_attn_api, "flash_attn_2", object())
+    assert choose((9, 0)) == choose((10, 0)) == choose((8, 0)) == "flash_2"
+    monkeypatch.setattr(flash_attn_api, "flash_attn_3", object())
+    assert choose((9, 0)) == "flash_3"
+    assert choose((10, 0)) == "flash_2"  # OLMo-core runs flash-attention 3 only on SM 9.x
+    assert choose((9, 0), "float32") == "torch"
+    assert attention_backend("auto", device="cpu", compute_dtype="bfloat16") == "torch"
+    assert attention_backend("flash_2", device="cuda") == "flash_2"  # an explicit choice stands
+
+
+def test_the_plan_warns_when_no_flash_kernel_is_installed(tmp_path, monkeypatch):
+    import importlib.util
+
+    from olmx.plan import execution
+    from olmx.plan.resolve import plan_from_overrides
+    from olmx.registry import registry
+
+    overrides = ["infra=slurm", "infra.gpus_per_node=1", "infra.gpu_name=NVIDIA H200", f"trainer.run_dir={tmp_path}"]
+    real = importlib.util.find_spec
+    for installed, warned in ((False, True), (True, False)):
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a, _i=installed: (
+                (object() if _i else None) if name in execution.FLASH_MODULES else real(name, *a)
+            ),
+        )
+        plan = plan_from_overrides(overrides, registry())
+        rows = dict(plan.sections.get("warnings", []))
+        assert ("no flash-attention package" in rows.get("attention", "")) is warned
+    cpu = plan_from_overrides(["infra.nproc_per_node=1", f"trainer.run_dir={tmp_path}"], registry())
+    assert "attention" not in dict(cpu.sections.get("warnings", []))

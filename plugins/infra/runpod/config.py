@@ -10,7 +10,7 @@ from typing import Optional
 
 from olmx.launch import TorchrunConfig
 
-#: RunPod's PyTorch image with olmx's torch pin (2.13.0). Why this tag: it is the CUDA 13.0
+#: RunPod's PyTorch image with torch 2.13.0 (the newest in olmx's range). Why this tag: it is the CUDA 13.0
 #: build of RunPod's 1.2.0 image line (runpod/containers, official-templates/pytorch), and
 #: CUDA 13 + torch 2.13 is the combination FlashAttention publishes a prebuilt wheel for
 #: (see DEFAULT_FLASH_ATTN_WHEEL), so nothing is compiled in the pod; Ubuntu 24.04 gives
@@ -50,7 +50,7 @@ class RunPodConfig(TorchrunConfig):
     cpu_flavor: str = "cpu3c"
     #: CPU pods: vCPUs.
     vcpus: int = 4
-    #: Container image; it must bring torch at olmx's pin (the bootstrap checks it).
+    #: Container image; it must bring a torch in olmx's supported range (the bootstrap checks it).
     image: str = DEFAULT_IMAGE
     #: Only hosts whose driver supports at least this CUDA version (the image's build needs it).
     min_cuda_version: Optional[str] = "13.0"

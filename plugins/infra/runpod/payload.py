@@ -35,7 +35,7 @@ def render_bootstrap(cfg: RunPodConfig, plan: Any, launch_id: str = "runpod-LAUN
         python=cfg.python,
         nproc_per_node=plan.world.nproc_per_node,
         env=sorted(cfg.env.items()),
-        torch_version=_torch_pin(),
+        torch_range=torch_range(),
         install=cfg.install,
         flash_attn_wheel=cfg.flash_attn_wheel if plan.world.device == "cuda" else None,
         rdzv_id=f"olmx-{Path(plan.run_dir).name}",
@@ -76,8 +76,9 @@ def build_bundle(plan: Any, cfg: RunPodConfig, launch_id: str = "runpod-LAUNCH")
     return rm.bundle(files, trees)
 
 
-def _torch_pin() -> str:
-    """The torch version olmx pins (its ``torch==X`` requirement)."""
+def torch_range() -> tuple[str, str]:
+    """``(lowest, below)``: the torch releases olmx supports, ``lowest <= version < below``,
+    from the installed olmx's ``torch>=A,<B`` requirement."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
@@ -85,10 +86,10 @@ def _torch_pin() -> str:
     for text in metadata.requires("olmx") or []:
         req = Requirement(text)
         if req.name == "torch" and not req.marker:
-            pins = [s.version for s in req.specifier if s.operator == "=="]
-            if pins:
-                return pins[0]
-    raise LaunchError("the installed olmx does not pin torch (torch==X in its requirements)")
+            bounds = {s.operator: s.version for s in req.specifier}
+            if ">=" in bounds and "<" in bounds:
+                return bounds[">="], bounds["<"]
+    raise LaunchError("the installed olmx declares no torch range (torch>=A,<B in its requirements)")
 
 
 def pinned_requirements() -> list[str]:

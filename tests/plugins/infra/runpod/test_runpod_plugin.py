@@ -228,6 +228,29 @@ def test_pins_are_the_installed_dependency_closure_without_torch() -> None:
     assert not names & {"torch", "olmx", "triton"} and not any(n.startswith("nvidia-") for n in names)
 
 
+def test_the_bootstrap_accepts_an_image_torch_in_olmxs_range_and_refuses_others(tmp_path) -> None:
+    """The pod checks its image's torch (read from metadata, here this environment's) against
+    the range olmx declares (pyproject's torch>=A,<B), not one exact pin: CUDA images of any
+    supported release train."""
+    import re
+
+    import torch
+
+    from olmx_plugins.infra.runpod.payload import render_bootstrap, torch_range
+
+    assert torch_range() == ("2.11", "2.14")
+    plan = plan_for(tmp_path, "infra.gpus_per_node=0")
+    script = render_bootstrap(plan.infra, plan)
+    (check,) = re.findall(r"<<'EOF'\n(.*?)\nEOF\n", script, re.S)
+    have = torch.__version__.split("+")[0]
+    for lowest, below, ok in (("2.11", "2.14", True), ("2.14", "2.15", False), ("2.0", have, False)):
+        proc = subprocess.run([sys.executable, "-", lowest, below], input=check, capture_output=True, text=True)
+        assert (proc.returncode == 0) is ok, proc.stderr
+        if not ok:
+            assert f"olmx supports >={lowest},<{below}: choose another infra.image" in proc.stderr
+    assert "OLMO_DISABLE_PER_RANK_TRITON_CACHE" not in script  # GPU pods keep OLMo-core's per-rank Triton cache
+
+
 # ------------------------------------------------------------------------ the SSH steps
 
 
@@ -428,7 +451,7 @@ def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_p
     # The torchrun options every infra target shares (olmx.launch.torchrun_flags).
     assert (
         f"--nnodes=1 --nproc-per-node=2 --max-restarts=0 --log-dir={work}/run/logs/torchrun --tee=3 "
-        "--shutdown-timeout=300 --standalone -m olmx run "
+        "--standalone -m olmx run "
     ) in watch.log.read_text()
     rm.kill(remote, str(work))
     while (code := watch.look()) is None:

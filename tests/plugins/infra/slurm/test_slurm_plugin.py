@@ -243,7 +243,7 @@ def test_container_default_python_is_the_images(tmp_path) -> None:
     assert sys.executable not in script
     assert (
         f" --container-image=/images/torch.sqsh --container-name=olmx --container-mounts={tmp_path}:{tmp_path} "
-        f"--container-workdir={run} --container-env=HF_TOKEN,OLMX_LAUNCH_ID,PYTHONSAFEPATH,PYTHONUNBUFFERED \\"
+        f"--container-workdir={run} --container-env=HF_TOKEN,OLMX_LAUNCH_ID,PET_SHUTDOWN_TIMEOUT,PYTHONSAFEPATH,PYTHONUNBUFFERED \\"
     ) in script
     apptainer = SLURM.dry_run(
         *_infra(tmp_path, "infra.container.runtime=apptainer", "infra.container.image=/images/torch.sif")
@@ -321,7 +321,6 @@ def test_multi_node_script_runs_with_every_variable_filled(tmp_path) -> None:
         "--max-restarts=0",
         f"--log-dir={run}/logs/torchrun",
         "--tee=3",
-        "--shutdown-timeout=300",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=gpu-017:{port}",
         "--rdzv-id=4242",
