@@ -37,7 +37,7 @@ HELD_OUT_TOKENS = 131072
 
 def split_corpus(work: Path) -> tuple[str, Path]:
     """Copy the stdlib files into ``train/`` and ``heldout/`` (every 20th file held out)."""
-    from olmx.worker.data import stdlib_files
+    from olmx.data.files import stdlib_files
 
     train, held = work / "train", work / "heldout"
     for d in (train, held):

@@ -16,7 +16,7 @@ Run it under torchrun, as olmx does::
     python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --max-restarts=0 --standalone \\
         benchmarks/handwritten_train.py --run-dir /tmp/hand --steps 60 [--data TOKENS.npy]
 
-Without ``--data`` the token file comes from ``olmx.worker.data.token_files`` (the cached
+Without ``--data`` the token file comes from ``olmx.data.files.token_files`` (the cached
 stdlib tokens ``olmx train`` uses; the only olmx call in this script).
 
 ``--olmo3-1b`` (a CUDA GPU; ``benchmarks/gpu/smoke.py`` runs it beside ``olmx train
@@ -100,7 +100,7 @@ class StepTimer(Callback):
 def default_token_file() -> str:
     """The stdlib token file of ``olmx train``'s default run."""
     from olmx.config.schema import DataConfig
-    from olmx.worker.data import token_files
+    from olmx.data.files import token_files
 
     return token_files(DataConfig())[0]
 

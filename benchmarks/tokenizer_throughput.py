@@ -5,7 +5,7 @@ The corpus is the running Python's standard-library ``.py`` files (one document 
 ``--vocab`` ids is trained once on it with ``tokenizers``. Then, in interleaved rounds, on the
 same documents:
 
-* ``olmx data tokenize`` (:func:`olmx.tokenize.tokenize`, the whole pipeline: reading the files,
+* ``olmx data tokenize`` (:func:`olmx.data.tokenize.tokenize`, the whole pipeline: reading the files,
   encoding, EOS per document, writing the shards and the metadata) with ``--workers 1``
   (``tokenizers`` single-threaded) and ``--workers`` = the cores (its thread pool);
 * ``tokenizers``' ``Tokenizer.encode_batch`` on the documents already in memory (encoding only),
@@ -37,7 +37,7 @@ from tests.test_tokenize import train_bpe  # noqa: E402  (the tests' tokenizer: 
 
 def corpus(mb: float) -> list[Path]:
     """The first ``mb`` MiB of standard-library files that are UTF-8 text."""
-    from olmx.worker.data import stdlib_files
+    from olmx.data.files import stdlib_files
 
     out, size = [], 0
     for path in stdlib_files():
@@ -67,7 +67,7 @@ def main() -> None:
 
     from tokenizers import Tokenizer
 
-    from olmx.tokenize import tokenize
+    from olmx.data.tokenize import tokenize
 
     files = corpus(args.mb)
     texts = [p.read_text(encoding="utf-8") for p in files]

@@ -418,7 +418,7 @@ def data_tokenize(
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from olmx.tokenize import DEFAULT_SHARD_TOKENS, tokenize
+    from olmx.data.tokenize import DEFAULT_SHARD_TOKENS, tokenize
 
     n = workers if workers is not None else len(os.sched_getaffinity(0))
     columns = (TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TimeRemainingColumn())

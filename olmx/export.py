@@ -137,7 +137,7 @@ def _save_tokenizer(plan: Any, path: Path, out: Path) -> str:
     from olmo_core.data import TokenizerConfig
     from olmo_core.nn.hf.tokenizer import export_checkpoint_tokenizer
 
-    from olmx.plan.tokenizer import read_tokenizer_json
+    from olmx.data.tokenizer import read_tokenizer_json
 
     tok = plan.run.data.tokenizer
     facts = read_tokenizer_json(path)

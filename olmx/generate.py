@@ -59,7 +59,7 @@ def _tokenizer(plan: Any) -> Any:
     """The run's ``tokenizers.Tokenizer`` (``data.tokenizer.path``), or None for a byte-level run."""
     tok = plan.run.data.tokenizer
     if tok.path:
-        from olmx.worker.tokenizer import load_tokenizer
+        from olmx.data.encode import load_tokenizer
 
         return load_tokenizer(tok.path, field="data.tokenizer.path")
     if tok.name != "bytes":

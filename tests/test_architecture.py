@@ -169,3 +169,28 @@ def test_the_core_imports_and_names_no_first_party_plugin():
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names and id(n) not in docstrings
         ]
     assert bad == []
+
+
+def test_the_plan_never_imports_the_worker_and_data_imports_neither():
+    """Data is one torch-free package that the plan and the worker both import (``olmx.data``);
+    the plan (torch-free, run where the run is described) never imports the worker, and data
+    imports neither stage nor torch nor OLMo-core."""
+    edges = graph()
+    bad = [
+        f"{module} imports {target}"
+        for module, targets in edges.items()
+        for target in targets
+        if (module.startswith("olmx.plan") and target.startswith("olmx.worker"))
+        or (module.startswith("olmx.data") and target.startswith(("olmx.plan", "olmx.worker")))
+    ]
+    for module, path in modules().items():
+        if module.startswith("olmx.data"):
+            tree = ast.parse(path.read_text())
+            bad += [
+                f"{module} imports {alias.name}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Import | ast.ImportFrom)
+                for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+                if alias.name.split(".")[0] in ("torch", "olmo_core")
+            ]
+    assert bad == []

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 from olmx import __version__
 from olmx.api import CLAIMABLE_DIMS, CONFIG_GROUPS, KIND_ORDER, Context, Contribution, Mesh, Plugin, World, check_dtypes
 from olmx.config.schema import AUTO, ModelConfig, RunConfig
+from olmx.data.tokenizer import resolve_tokenizer
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan import BatchPlan, ParamCounts, Plan
 from olmx.plan.execution import kernel_warnings, resolve_execution
 from olmx.plan.hf import check_init_from
 from olmx.plan.memory import MemoryEstimate
 from olmx.plan.resume import check_resume
-from olmx.plan.tokenizer import resolve_tokenizer
 from olmx.registry import Registry
 from olmx.rundir import RunDir
 
@@ -39,7 +39,7 @@ DATA_SOURCES = ("stdlib", "text", "numpy")
 #: conf/experiment/long_context.yaml suggests up to 131,072).
 MAX_SEQ_LEN = 1 << 20
 #: Byte-level data (``data=stdlib``/``text``): ids 0-255 are bytes and olmx writes ``uint16``
-#: caches, which OLMo-core reads as such for 257 to 65,536 ids (olmx.worker.data.token_dtype).
+#: caches, which OLMo-core reads as such for 257 to 65,536 ids (olmx.data.files.token_dtype).
 BYTE_VOCAB = (257, 1 << 16)
 #: ``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block) and olmx's
 #: ``long_context`` (olmx.worker.train.LONG_CONTEXT_AC_MODULES). OLMo-core's ``selected_ops``
@@ -391,7 +391,7 @@ def _check_data(run: RunConfig, *, files_here: bool = True) -> list[tuple[str, s
             raise ConfigError(f"data.tokenizer.{key}", f"{value} is outside the vocabulary [0, {tok.vocab_size})")
     if d.name == "stdlib" and not Path(sysconfig.get_paths()["stdlib"]).is_dir():
         raise ConfigError("data.name", "this Python has no standard-library sources; use data=text data.paths=[...]")
-    if d.name in ("stdlib", "text") and not tok.path:  # with a tokenizer: olmx.plan.tokenizer checks
+    if d.name in ("stdlib", "text") and not tok.path:  # with a tokenizer: olmx.data.tokenizer checks
         if tok.name != "bytes":
             raise ConfigError("data.tokenizer.name", f"data={d.name} is tokenized byte-level: use the bytes tokenizer")
         low, high = BYTE_VOCAB
@@ -418,13 +418,13 @@ def _check_data(run: RunConfig, *, files_here: bool = True) -> list[tuple[str, s
 
 
 def _check_corpus(run: RunConfig) -> list[tuple[str, str]]:
-    """The corpus, cheaply (headers, sizes, a sample of ids: :mod:`olmx.worker.data`): its files,
+    """The corpus, cheaply (headers, sizes, a sample of ids: :mod:`olmx.data.files`): its files,
     their ids (``numpy``), that it holds one optimizer step (OLMo-core cuts each token file into
     whole sequences of ``data.seq_len``; a step takes ``trainer.global_batch_size`` of them), and
     that the cache it is written to is writable. Returns the plan's ``data`` rows."""
-    from olmx.plan.tokenizer import tokenizer_rows as plan_tokenizer_rows
-    from olmx.tokenize import tokenized_file_rows
-    from olmx.worker import data as tokens
+    from olmx.data import files as tokens
+    from olmx.data.tokenize import tokenized_file_rows
+    from olmx.data.tokenizer import tokenizer_rows as plan_tokenizer_rows
 
     d, tok = run.data, run.data.tokenizer
     seq, need = d.seq_len, run.trainer.global_batch_size
@@ -514,8 +514,8 @@ def _check_sources(run: RunConfig) -> list[tuple[str, str]]:
     ``data.sources.NAME.paths``; a file belongs to one source), and what each source gives the
     run: OLMo-core asks ``int(run tokens x share)`` tokens of it, repeating a source that has
     fewer (more than one epoch is flagged). Returns the plan's ``data`` rows."""
-    from olmx.worker import data as tokens
-    from olmx.worker import sources
+    from olmx.data import files as tokens
+    from olmx.data import splits as sources
 
     d, tok, seq = run.data, run.data.tokenizer, run.data.seq_len
     owner: dict[Path, str] = {}
@@ -575,7 +575,7 @@ def _check_eval(run: RunConfig, mesh: Mesh, *, files_here: bool = True, off: str
     mixture at least one sequence). Evaluation runs in whole global batches of
     ``trainer.micro_batch_size`` x data-parallel ranks sequences (fewer per rank where fewer are
     evaluated); ``off`` is why the default turned evaluation off. Returns the plan's ``data`` rows."""
-    from olmx.worker import sources
+    from olmx.data import splits as sources
 
     e, seq = run.eval, run.data.seq_len
     if e.interval is not None and e.interval < 0:
@@ -626,12 +626,12 @@ def _check_eval(run: RunConfig, mesh: Mesh, *, files_here: bool = True, off: str
 
 
 def _default_holdout(run: RunConfig, *, files_here: bool) -> tuple[RunConfig, str]:
-    """``eval.holdout_sequences=null``: the run with :data:`~olmx.worker.sources.DEFAULT_HOLDOUT`
+    """``eval.holdout_sequences=null``: the run with :data:`~olmx.data.splits.DEFAULT_HOLDOUT`
     sequences held out, or with evaluation off (and the plan's row saying why) where the training
     data cannot spare them and still fill one optimizer step (each source of a mixture one
     sequence). Files that cannot be read are left to the data checks, which name them. Returns the
     run and why evaluation is off ("" where it is not turned off)."""
-    from olmx.worker import sources
+    from olmx.data import splits as sources
 
     e, d = run.eval, run.data
     if e.holdout_sequences is not None or e.data or not sources.eval_on(run):
@@ -657,8 +657,8 @@ def _default_holdout(run: RunConfig, *, files_here: bool) -> tuple[RunConfig, st
 def _eval_data(run: RunConfig) -> int:
     """Whole sequences of ``eval.data``'s files (checked as training files are, errors naming
     ``eval.data``), tokenized like the training data."""
-    from olmx.worker import data as tokens
-    from olmx.worker import sources
+    from olmx.data import files as tokens
+    from olmx.data import splits as sources
 
     d, seq = run.data, run.data.seq_len
     kind = "numpy" if d.name == "numpy" else "text"
@@ -674,10 +674,10 @@ def _eval_data(run: RunConfig) -> int:
 
 
 def _held_out(run: RunConfig) -> list[tuple[str, str]]:
-    """The held-out slice cut from the training data (:mod:`olmx.worker.sources`): it must leave
+    """The held-out slice cut from the training data (:mod:`olmx.data.splits`): it must leave
     one optimizer step to train on (a mixture: each source a sequence, checked by
     :func:`_check_sources`). Returns the plan's row."""
-    from olmx.worker import sources
+    from olmx.data import splits as sources
 
     d, seq, need = run.data, run.data.seq_len, run.trainer.global_batch_size
     held = sources.holdout_count(run)

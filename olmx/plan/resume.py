@@ -54,7 +54,7 @@ def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def _held_out(config: dict[str, Any]) -> int:
     """Sequences a plain run config holds out of its training data (none before ``eval`` existed)."""
-    from olmx.worker.sources import held_out_sequences
+    from olmx.data.splits import held_out_sequences
 
     e = config.get("eval") or {}
     return held_out_sequences(e.get("interval"), e.get("data") or [], e.get("holdout_sequences", 0))

@@ -1,7 +1,7 @@
 """Plan -> OLMo-core training dataset and held-out evaluator (call inside the distributed env).
 
 Training reads OLMo-core's ``NumpyFSLDatasetMixture`` (:class:`ArrayHeadsDataset`): the first
-``n`` tokens of each array, ``n`` from :func:`olmx.worker.sources.split` (every whole sequence
+``n`` tokens of each array, ``n`` from :func:`olmx.data.splits.split` (every whole sequence
 before the held-out ones). A mixture (``data.sources``) gets its ``n`` per array from OLMo-core's
 ``SourceMixtureDatasetConfig``, which is told each array holds only those tokens, so it never
 samples the held-out slice.
@@ -28,9 +28,7 @@ from olmo_core.data.numpy_dataset import NumpyFSLDatasetMixture
 from olmo_core.data.source_mixture import SourceMixtureDatasetConfig
 from olmo_core.train.callbacks import EvaluatorCallback
 
-from olmx.errors import ConfigError
-from olmx.plan import Plan
-from olmx.worker.sources import (
+from olmx.data.splits import (
     SourceSplit,
     eval_batch,
     holdout_count,
@@ -40,6 +38,8 @@ from olmx.worker.sources import (
     source_paths,
     split,
 )
+from olmx.errors import ConfigError
+from olmx.plan import Plan
 
 #: The label of the evaluated data in OLMo-core's metric names.
 EVAL_LABEL = "heldout"
@@ -76,7 +76,7 @@ class TrainOnlySourceMixtureConfig(SourceMixtureDatasetConfig):
 def source_arrays(plan: Plan) -> dict[str, list[tuple[str, int]]]:
     """``name -> [(array path, tokens), ...]``: the raw token arrays OLMo-core reads for each
     source (byte-level caches written first where needed)."""
-    from olmx.worker.data import token_files
+    from olmx.data.files import token_files
 
     data = plan.run.data
     out = {}
@@ -87,7 +87,7 @@ def source_arrays(plan: Plan) -> dict[str, list[tuple[str, int]]]:
 
 
 def data_split(plan: Plan) -> list[SourceSplit]:
-    """The run's sources with the held-out sequences of :func:`olmx.worker.sources.split`.
+    """The run's sources with the held-out sequences of :func:`olmx.data.splits.split`.
     The plan checked them from file sizes; text tokenized with ``data.tokenizer.path`` is known
     exactly only now: a held-out slice that leaves too little to train on is refused here."""
     run = plan.run
@@ -188,7 +188,7 @@ def write_holdout(splits: list[SourceSplit], plan: Plan) -> str:
     import numpy as np
     from filelock import FileLock
 
-    from olmx.worker.data import cache_dir, token_dtype
+    from olmx.data.files import cache_dir, token_dtype
 
     data, seq = plan.run.data, plan.batch.seq_len
     dtype = np.dtype(token_dtype(data.tokenizer.vocab_size))
@@ -218,7 +218,7 @@ def write_holdout(splits: list[SourceSplit], plan: Plan) -> str:
 def eval_arrays(plan: Plan, splits: list[SourceSplit]) -> list[str]:
     """The arrays the evaluator reads: ``eval.data``'s (tokenized like the training data), or
     the held-out copy."""
-    from olmx.worker.data import token_files
+    from olmx.data.files import token_files
 
     run = plan.run
     if run.eval.data:
@@ -249,7 +249,7 @@ def build_evaluator(
 ) -> Any:
     """OLMo-core's ``EvaluatorCallback`` with an ``LMEvaluator`` over the evaluated sequences:
     every ``eval.interval`` steps and at ``trainer.max_steps``, in global batches of
-    :func:`olmx.worker.sources.eval_batch` sequences, at most ``eval.max_sequences`` of them."""
+    :func:`olmx.data.splits.eval_batch` sequences, at most ``eval.max_sequences`` of them."""
     import numpy as np
     from olmo_core.data import NumpyFSLDataLoader, NumpyFSLDatasetConfig
     from olmo_core.data.numpy_dataset import NumpyFSLDataset

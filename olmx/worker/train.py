@@ -123,17 +123,17 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     from olmo_core.train.callbacks import CheckpointerCallback, ConsoleLoggerCallback
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
+    from olmx.data.splits import eval_on
     from olmx.worker.callbacks import OlmxMetricsCallback, OlmxSpeedMonitorCallback
     from olmx.worker.checkpoint import OlmxCheckpointerConfig
     from olmx.worker.datasets import build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
-    from olmx.worker.sources import eval_on
 
     run, rd = plan.run, RunDir(plan.run_dir)
     t, run_dir = run.trainer, rd.path
     train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, reg)).build(model)
 
-    # The training dataset never reads the held-out sequences the evaluator reads (olmx.worker.sources).
+    # The training dataset never reads the held-out sequences the evaluator reads (olmx.data.splits).
     splits = data_split(plan)
     dataset = build_train_dataset(plan, splits, rd.work / "dataset")
     data_loader = NumpyDataLoaderConfig(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from olmx.data.files import byte_corpus_tokens, cache_dir, stdlib_files
 from olmx.plan import Plan
 from olmx.plan.resolve import padded_vocab, plan_from_overrides
 from olmx.registry import registry
 from olmx.rundir import RunDir
-from olmx.worker.data import byte_corpus_tokens, cache_dir, stdlib_files
 
 
 def plan_for(*overrides: str) -> Plan:

@@ -122,7 +122,7 @@ def pinned_requirements() -> list[str]:
 def shipped_data(plan: Any, cfg: RunPodConfig) -> dict[str, Path]:
     """The local data files shipped to the pods, by their name under the pod's ``infra.workdir``
     (``data/000-name``, in ``data.paths`` order); ConfigError above ``infra.ship_data_max_gb``."""
-    from olmx.worker.data import text_files
+    from olmx.data.files import text_files
 
     data = plan.run.data
     if not cfg.ship_data or data.name == "stdlib":

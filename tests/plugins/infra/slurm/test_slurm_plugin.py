@@ -243,7 +243,8 @@ def test_container_default_python_is_the_images(tmp_path) -> None:
     assert sys.executable not in script
     assert (
         f" --container-image=/images/torch.sqsh --container-name=olmx --container-mounts={tmp_path}:{tmp_path} "
-        f"--container-workdir={run} --container-env=HF_TOKEN,OLMX_LAUNCH_ID,PET_SHUTDOWN_TIMEOUT,PYTHONSAFEPATH,PYTHONUNBUFFERED \\"
+        f"--container-workdir={run} "
+        "--container-env=HF_TOKEN,OLMX_LAUNCH_ID,PET_SHUTDOWN_TIMEOUT,PYTHONSAFEPATH,PYTHONUNBUFFERED \\"
     ) in script
     apptainer = SLURM.dry_run(
         *_infra(tmp_path, "infra.container.runtime=apptainer", "infra.container.image=/images/torch.sif")

@@ -4,17 +4,17 @@ Inputs are files, folders (every file below them, recursively, in name order; hi
 skipped) and globs. A ``.jsonl``, ``.jsonl.gz``, ``.json.gz`` or ``.ndjson`` file holds one
 document per line, in its ``text`` field; any other file is one UTF-8 document (``.gz``:
 gzipped). Documents are encoded with a Hugging Face ``tokenizer.json`` by
-:mod:`olmx.worker.tokenizer` (the ``tokenizers`` package, the ``tokenize`` extra, imported only
+:mod:`olmx.data.encode` (the ``tokenizers`` package, the ``tokenize`` extra, imported only
 there), as ``data=text`` with ``data.tokenizer.path`` encodes them: no post-processing, the
 beginning-of-document id before each document where the tokenizer adds one, the
-end-of-document id after each (:mod:`olmx.plan.tokenizer` finds both, as the plan does).
+end-of-document id after each (:mod:`olmx.data.tokenizer` finds both, as the plan does).
 ``--workers N`` threads of ``tokenizers``' own pool encode the documents of each batch (about
 1 Mi characters) in parallel, in this process, which reads and writes in order: on the build
 machine this was faster than as many encoder processes, which pay for start-up and for sending
 text and ids between processes (``benchmarks/tokenize.py``).
 
 The output is OLMo-core's raw token arrays (no header; ids in the dtype OLMo-core reads for the
-vocabulary, :func:`olmx.worker.data.token_dtype`), named ``part-00000.npy``, ... as OLMo-core's
+vocabulary, :func:`olmx.data.files.token_dtype`), named ``part-00000.npy``, ... as OLMo-core's
 own data: shards of whole documents, each closed once it holds ``--shard-tokens`` ids, written
 under a hidden temporary name and renamed when complete. ``DIR/olmx-tokenized.json`` records
 the tokenizer (SHA-256, vocabulary, special ids) and, per input, its path, size, modification
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from olmx.data import encode as encoding
+from olmx.data.encode import Specials, encode, load_tokenizer, threads, utf8_text
 from olmx.errors import ConfigError
-from olmx.worker import tokenizer as encoding
-from olmx.worker.tokenizer import Specials, encode, load_tokenizer, threads, utf8_text
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,10 +84,10 @@ class Summary:
 
 
 def specials_of(path: str | Path, *, eos_id: int | None = None, field: str = "--tokenizer") -> Specials:
-    """The ids of the tokenizer at ``path`` (:func:`olmx.plan.tokenizer.read_tokenizer_json`);
+    """The ids of the tokenizer at ``path`` (:func:`olmx.data.tokenizer.read_tokenizer_json`);
     ``eos_id`` is needed where the tokenizer names no end-of-document token, and must agree
     where it does."""
-    from olmx.plan.tokenizer import read_tokenizer_json
+    from olmx.data.tokenizer import read_tokenizer_json
 
     facts = read_tokenizer_json(path, field=field)
     eos = facts.eos_id
@@ -103,7 +103,7 @@ def specials_of(path: str | Path, *, eos_id: int | None = None, field: str = "--
     if not 0 <= eos < facts.vocab_size:
         raise ConfigError("--eos-id", f"{eos} is outside the tokenizer's ids [0, {facts.vocab_size})")
     pad = facts.pad_id if facts.pad_id is not None else eos
-    from olmx.worker.data import token_dtype
+    from olmx.data.files import token_dtype
 
     vocab = facts.vocab_size
     return Specials(vocab_size=vocab, eos_id=eos, pad_id=pad, bos_id=facts.bos_id, dtype=token_dtype(vocab))
@@ -183,7 +183,7 @@ _Batch = tuple[int, bool, int, list[str]]
 
 
 def _batches(files: list[Path], skip: dict[int, int]) -> Iterator[_Batch]:
-    """Batches of about :data:`olmx.worker.tokenizer.BATCH_CHARS` characters, never across
+    """Batches of about :data:`olmx.data.encode.BATCH_CHARS` characters, never across
     inputs; the last batch of each input says so (and may be empty). ``skip``: documents to leave out at the start of an
     input (those already in complete shards)."""
     for index, path in enumerate(files):
@@ -321,7 +321,7 @@ def tokenize(
 ) -> Summary:
     """Tokenize ``inputs`` into ``out`` (see the module docstring). ``progress(done, total)`` is
     called with the input bytes read so far; ``workers``: encoding threads (:func:`threads`)."""
-    from olmx.plan.tokenizer import read_tokenizer_json
+    from olmx.data.tokenizer import read_tokenizer_json
 
     if workers < 1:
         raise ConfigError("--workers", f"must be at least 1, got {workers}")
@@ -475,8 +475,8 @@ def tokenized_file_rows(run: RunConfig, files: list[Path]) -> list[tuple[str, st
     :data:`METADATA` beside them), at plan time, against the run's tokenizer: the same file
     (SHA-256) where ``data.tokenizer.path`` is set, the same special ids and the dtype OLMo-core
     reads them in. Returns the plan's rows about the tokenizer and those files."""
-    from olmx.plan.tokenizer import read_tokenizer_json, tokenizer_rows
-    from olmx.worker.data import token_dtype
+    from olmx.data.files import token_dtype
+    from olmx.data.tokenizer import read_tokenizer_json, tokenizer_rows
 
     tok = run.data.tokenizer
     facts = read_tokenizer_json(tok.path) if tok.path else None

@@ -5,7 +5,7 @@ after each file) into a raw ``uint16`` token array, the format OLMo-core's numpy
 read (no header). The array is written once into the cache directory under a name derived
 from the files' paths, sizes and modification times, and reused; a file lock makes
 concurrent ranks wait for the first writer instead of racing it. With ``data.tokenizer.path``
-they are encoded with that Hugging Face tokenizer instead (:mod:`olmx.worker.tokenizer`, as
+they are encoded with that Hugging Face tokenizer instead (:mod:`olmx.data.encode`, as
 ``olmx data tokenize`` encodes), into a cache in the vocabulary's dtype whose name also derives
 from the tokenizer file's SHA-256 and special ids (:func:`text_cache_file`).
 
@@ -395,7 +395,7 @@ def text_cache_file(data: DataConfig, files: list[Path]) -> Path:
     any of them makes a new cache."""
     tok = data.tokenizer
     if tok.path:
-        from olmx.plan.tokenizer import read_tokenizer_json
+        from olmx.data.tokenizer import read_tokenizer_json
 
         sha = read_tokenizer_json(tok.path).sha256
         key = hashlib.sha256(f"{sha}|{tok.vocab_size}|{tok.eos_id}|{tok.bos_id}|v1".encode())
@@ -411,8 +411,8 @@ def text_cache_file(data: DataConfig, files: list[Path]) -> Path:
 
 def tokenize_with_tokenizer(files: list[Path], data: DataConfig, out: Path) -> int:
     """Write the tokens of ``files`` (one document each) encoded with ``data.tokenizer.path``
-    (:func:`olmx.worker.tokenizer.tokenize_to_file`: the ids ``olmx data tokenize`` writes) to ``out``."""
-    from olmx.worker.tokenizer import Specials, tokenize_to_file
+    (:func:`olmx.data.encode.tokenize_to_file`: the ids ``olmx data tokenize`` writes) to ``out``."""
+    from olmx.data.encode import Specials, tokenize_to_file
 
     tok = data.tokenizer
     assert tok.path

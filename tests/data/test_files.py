@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from olmx.config.schema import DataConfig, TokenizerConfig
-from olmx.errors import ConfigError
-from olmx.worker.data import (
+from olmx.data.files import (
     SAMPLE_WINDOW,
     SAMPLE_WINDOWS,
     inspect_token_file,
@@ -20,6 +19,7 @@ from olmx.worker.data import (
     token_dtype,
     token_files,
 )
+from olmx.errors import ConfigError
 from tests.conftest import olmx_cli
 
 

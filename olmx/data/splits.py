@@ -165,8 +165,8 @@ def array_tokens(data: DataConfig, paths: list[str]) -> list[tuple[str, int]]:
     (nothing is written or tokenized): each token file for ``numpy`` (files checked before); one
     cache for ``stdlib``/``text``: byte-level, every byte plus one end-of-document id per file;
     with ``data.tokenizer.path``, its exact size if the cache exists, else an upper bound
-    (:func:`olmx.worker.data.tokenizer_corpus_tokens`; the worker checks the real split again)."""
-    from olmx.worker import data as tokens
+    (:func:`olmx.data.files.tokenizer_corpus_tokens`; the worker checks the real split again)."""
+    from olmx.data import files as tokens
 
     if data.name == "numpy":
         out = []
@@ -185,7 +185,7 @@ def array_tokens(data: DataConfig, paths: list[str]) -> list[tuple[str, int]]:
 
 def raw_tokens(path: str, vocab_size: int) -> int:
     """Token ids of a raw array OLMo-core reads (its size over the dtype of the vocabulary)."""
-    from olmx.worker.data import token_dtype
+    from olmx.data.files import token_dtype
 
     return Path(path).stat().st_size // _itemsize(token_dtype(vocab_size))
 

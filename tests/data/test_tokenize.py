@@ -96,7 +96,7 @@ def tokenized(corpus) -> Path:
 def test_round_trip_metadata_and_one_worker_equals_two(corpus, tokenized, tmp_path) -> None:
     from tokenizers import Tokenizer
 
-    from olmx.tokenize import METADATA, tokenize
+    from olmx.data.tokenize import METADATA, tokenize
 
     tok = Tokenizer.from_file(str(corpus["tok"]))
     eos = tok.token_to_id("<|endoftext|>")
@@ -127,8 +127,8 @@ def test_round_trip_metadata_and_one_worker_equals_two(corpus, tokenized, tmp_pa
 
 
 def test_an_interrupted_run_continues_to_the_same_files(corpus, tokenized, tmp_path, monkeypatch) -> None:
-    import olmx.tokenize as tokenize_module
-    from olmx.worker import tokenizer as encoding
+    import olmx.data.tokenize as tokenize_module
+    from olmx.data import encode as encoding
 
     monkeypatch.setattr(encoding, "BATCH_CHARS", 2000)  # several batches per input: stop inside one
     out = tmp_path / "out"
@@ -158,7 +158,7 @@ def test_an_interrupted_run_continues_to_the_same_files(corpus, tokenized, tmp_p
 
 
 def test_refusals_name_the_problem_and_write_nothing(corpus, tokenized, tmp_path, monkeypatch) -> None:
-    from olmx.tokenize import tokenize
+    from olmx.data.tokenize import tokenize
 
     before = _snapshot(tokenized)
     proc = olmx_cli(
@@ -272,8 +272,8 @@ def test_a_tokenizer_whose_template_adds_bos_and_eos_gets_both_per_document(corp
     tokenizer itself encodes it with its special tokens (BOS text EOS)."""
     from tokenizers import Tokenizer, processors
 
-    from olmx.plan.tokenizer import read_tokenizer_json
-    from olmx.tokenize import tokenize
+    from olmx.data.tokenize import tokenize
+    from olmx.data.tokenizer import read_tokenizer_json
 
     tok = Tokenizer.from_file(str(corpus["tok"]))
     tok.add_special_tokens(["<s>", "</s>"])

@@ -5,7 +5,7 @@ The ``tokenizers`` package (the ``tokenize`` extra) is imported only when a toke
 Documents are encoded without the tokenizer's own post-processing; olmx puts the
 beginning-of-document id before each (where the run has one) and the end-of-document id after
 each, so every document is delimited the same way whatever the tokenizer's template says (the
-ids come from :mod:`olmx.plan.tokenizer`). Batches are encoded with ``encode_batch_fast`` (ids
+ids come from :mod:`olmx.data.tokenizer`). Batches are encoded with ``encode_batch_fast`` (ids
 only, no offsets), over ``tokenizers``' own thread pool (:func:`threads`).
 """
 
@@ -37,7 +37,7 @@ class Specials:
     pad_id: int
     #: Put before every document (None: nothing is).
     bos_id: int | None
-    #: The dtype the ids are written in (``olmx.worker.data.token_dtype`` of the vocabulary).
+    #: The dtype the ids are written in (``olmx.data.files.token_dtype`` of the vocabulary).
     dtype: str
 
 
