@@ -33,7 +33,7 @@ def attention_backend(
 
 
 def build_model_config(
-    model: ModelConfig, *, vocab_size: int, attention: str = "torch", seq_len: int | None = None
+    model: ModelConfig, *, vocab_size: int, attention: str = "torch", seq_len: int | None = None, init_seed: int = 0
 ) -> Any:
     """OLMo-core ``TransformerConfig`` for ``model`` (llama-like; OLMo 2/3 through the block
     type, QK-norm and sliding-window settings).
@@ -43,7 +43,10 @@ def build_model_config(
     but OLMo-core's torch backend would pass SDPA an explicit ``seq_len x seq_len`` mask for a
     windowed layer, which rules out SDPA's flash kernel (full S^2 work and memory). OLMo 3's
     presets have 4,096-token windows, so this is every OLMo 3 run at ``data.seq_len <= 4096``.
-    None keeps the windows as configured (the architecture, for export)."""
+    None keeps the windows as configured (the architecture, for export).
+
+    ``init_seed``: the seed of OLMo-core's weight initialisation (``trainer.seed`` in a run;
+    OLMo-core draws every weight from one generator seeded with it)."""
     from olmo_core.config import DType
     from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
     from olmo_core.nn.feed_forward import FeedForwardConfig
@@ -70,6 +73,7 @@ def build_model_config(
         sliding_window=sliding,
         feed_forward=FeedForwardConfig(hidden_size=model.hidden_size, bias=False, dtype=DType.float32),
         init_std=model.init_std,
+        init_seed=init_seed,
     )
 
 
@@ -92,7 +96,9 @@ def build_model(plan: Plan, reg: Any, *, keep_windows: bool = False) -> Any:
         plan.execution.attention, device=plan.world.device, compute_dtype=plan.dtypes.param, compute_capability=cc
     )
     seq_len = None if keep_windows else plan.batch.seq_len
-    config = build_model_config(run.model, vocab_size=plan.vocab_size, attention=attention, seq_len=seq_len)
+    config = build_model_config(
+        run.model, vocab_size=plan.vocab_size, attention=attention, seq_len=seq_len, init_seed=run.trainer.seed
+    )
     layers = reg.layers_in_order(run.layers)
     for _, layer, cfg in layers:
         config = layer.apply_model_config(cfg, config, plan)

@@ -187,3 +187,28 @@ def test_the_plan_warns_when_no_flash_kernel_is_installed(tmp_path, monkeypatch)
         assert ("no flash-attention package" in rows.get("attention", "")) is warned
     cpu = plan_from_overrides(["infra.nproc_per_node=1", f"trainer.run_dir={tmp_path}"], registry())
     assert "attention" not in dict(cpu.sections.get("warnings", []))
+
+
+def test_trainer_seed_seeds_the_initial_weights(tmp_path):
+    """trainer.seed is the seed of initialisation (OLMo-core's init_seed was left at 0, so every
+    seed started from the same weights)."""
+    import torch
+
+    from olmx.plan.resolve import plan_from_overrides
+    from olmx.registry import registry
+    from olmx.worker.model import build_model
+
+    reg = registry()
+
+    def initial(seed: int) -> dict:
+        plan = plan_from_overrides(
+            ["infra.nproc_per_node=1", f"trainer.run_dir={tmp_path}", f"trainer.seed={seed}"], reg
+        )
+        model = build_model(plan, reg)
+        model.to_empty(device="cpu")
+        model.init_weights(device=torch.device("cpu"))
+        return model.state_dict()
+
+    a, b, c = initial(1), initial(1), initial(2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["blocks.0.attention.w_q.weight"], c["blocks.0.attention.w_q.weight"])
