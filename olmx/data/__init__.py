@@ -7,7 +7,8 @@ the worker need, so that neither imports the other for it.
   fingerprint) and the run's tokenizer settings resolved and checked;
 * :mod:`olmx.data.encode`: encoding text with Hugging Face ``tokenizers`` (or bytes);
 * :mod:`olmx.data.splits`: the held-out split and the mixture's sources, from token counts;
-* :mod:`olmx.data.tokenize`: ``olmx data tokenize``, text to OLMo-core token files.
+* :mod:`olmx.data.tokenize`: ``olmx data tokenize``, text to OLMo-core token files;
+* :mod:`olmx.data.checks`: the plan's checks of the data and evaluation settings and files.
 
 The worker keeps only what builds OLMo-core datasets (:mod:`olmx.worker.datasets`). Nothing
 here imports torch or OLMo-core.
