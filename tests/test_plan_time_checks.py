@@ -155,6 +155,9 @@ CATALOGUE = [
     (["trainer.weight_decay=nan"], {}, "trainer.weight_decay", "got nan"),
     (["trainer.max_grad_norm=0"], {}, "trainer.max_grad_norm", "positive finite number or null"),
     (["trainer.z_loss=-1"], {}, "trainer.z_loss", ">= 0 or null"),
+    # data settings, checked before anything is derived from them (the held-out split divides by seq_len)
+    (["data.seq_len=0"], {}, "data.seq_len", "must be at least 2, got 0"),
+    (["data.seq_len=1", "eval.holdout_sequences=null"], {}, "data.seq_len", "must be at least 2, got 1"),
     # model
     (
         ["model.d_model=7", "model.n_heads=1"],

@@ -1,8 +1,9 @@
 """The plan's checks of the data and evaluation settings, and the files they name (cheaply:
 headers, sizes, a sample of ids), with the plan's ``data`` rows; torch-free.
 
-:func:`default_holdout` fills ``eval.holdout_sequences=null``; :func:`check_data` checks the
-data settings and the corpus (or a mixture's sources); :func:`check_eval` the evaluation
+:func:`check_data_settings` checks the data settings before anything is derived from
+them; :func:`default_holdout` fills ``eval.holdout_sequences=null``; :func:`check_data` checks
+the corpus (or a mixture's sources); :func:`check_eval` the evaluation
 against the batch geometry and the held-out slice or ``eval.data``.
 """
 
@@ -27,9 +28,9 @@ MAX_SEQ_LEN = 1 << 20
 BYTE_VOCAB = (257, 1 << 16)
 
 
-def check_data(run: RunConfig, *, files_here: bool = True) -> list[tuple[str, str]]:
-    """The data settings; with ``files_here`` also the files (:func:`check_corpus`). Returns
-    the plan's ``data`` rows."""
+def check_data_settings(run: RunConfig) -> None:
+    """The data settings alone, before anything is derived from them (the held-out split
+    divides by ``data.seq_len``) and before any file is read."""
     d, tok = run.data, run.data.tokenizer
     if d.name not in DATA_SOURCES:
         raise ConfigError("data.name", f"'{d.name}' is not one of {', '.join(DATA_SOURCES)}")
@@ -68,6 +69,12 @@ def check_data(run: RunConfig, *, files_here: bool = True) -> list[tuple[str, st
             f"data={d.name} needs at least one file: data.paths=[path/to/file,...] (or named sources: "
             "data.sources.NAME.paths=[...])",
         )
+
+
+def check_data(run: RunConfig, *, files_here: bool = True) -> list[tuple[str, str]]:
+    """The data's files, with ``files_here`` (:func:`check_corpus`, :func:`check_sources`), of a
+    run whose settings passed :func:`check_data_settings`. Returns the plan's ``data`` rows."""
+    d = run.data
     if not files_here:
         return [("corpus", f"data={d.name}, on the target's machines (not read here)")]
     return check_sources(run) if d.sources else check_corpus(run)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from olmx import __version__
 from olmx.api import CLAIMABLE_DIMS, CONFIG_GROUPS, KIND_ORDER, Context, Contribution, Mesh, Plugin, World, check_dtypes
 from olmx.config.schema import AUTO, ModelConfig, RunConfig
-from olmx.data.checks import check_data, check_eval, default_holdout
+from olmx.data.checks import check_data, check_data_settings, check_eval, default_holdout
 from olmx.data.tokenizer import resolve_tokenizer
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan import BatchPlan, ParamCounts, Plan
@@ -78,6 +78,7 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     run = resolve_tokenizer(run, files_here=files_here)
     _check_model(run.model)
     _check_trainer(run)
+    check_data_settings(run)  # before the held-out split divides by data.seq_len
     run, eval_off = default_holdout(run, files_here=files_here)
     data_rows = check_data(run, files_here=files_here)
 
