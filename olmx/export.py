@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from olmx.errors import ConfigError
+from olmx.writable import check_writable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +62,7 @@ def _check_out(out: Path, *, directory: bool) -> Path:
     parent = out.parent
     if not parent.is_dir():
         raise ConfigError("--out", f"{parent} is not a directory")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError("--out", f"{parent} is not writable")
+    check_writable(parent, "--out")
     return out
 
 

@@ -96,22 +96,18 @@ def tokenize_to_file(files: list[Path], tokenizer_path: str | Path, specials: Sp
     the raw token file ``out``, atomically (temporary name, then rename); returns the tokens
     written. What ``data=text data.tokenizer.path=...`` caches."""
     tokenizer = load_tokenizer(tokenizer_path, field="data.tokenizer.path")
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    from olmx.writable import atomic_file
+
     total = 0
-    try:
-        with open(tmp, "wb") as f:
-            texts: list[str] = []
-            chars = 0
-            for i, path in enumerate(files):
-                texts.append(utf8_text(path.read_bytes(), path, field="data.paths"))
-                chars += len(texts[-1])
-                if chars >= BATCH_CHARS or i == len(files) - 1:
-                    ids, _ = encode(tokenizer, texts, specials)
-                    f.write(ids.tobytes())
-                    total += int(ids.size)
-                    texts, chars = [], 0
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(out)
+    with atomic_file(out) as f:
+        texts: list[str] = []
+        chars = 0
+        for i, path in enumerate(files):
+            texts.append(utf8_text(path.read_bytes(), path, field="data.paths"))
+            chars += len(texts[-1])
+            if chars >= BATCH_CHARS or i == len(files) - 1:
+                ids, _ = encode(tokenizer, texts, specials)
+                f.write(ids.tobytes())
+                total += int(ids.size)
+                texts, chars = [], 0
     return total

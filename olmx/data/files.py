@@ -75,21 +75,14 @@ def cache_field(data: DataConfig) -> str:
 
 
 def check_cache_dir(data: DataConfig) -> Path:
-    """The cache directory, checked: it, or the nearest parent that exists, is a writable
-    directory (``os.access``: nothing is written, so the cache is untouched). Raises
-    :class:`ConfigError` naming ``data.cache_dir`` or ``OLMX_CACHE_DIR``."""
+    """The cache directory, checked by :func:`olmx.writable.check_writable` (it, or the nearest
+    parent that exists, takes a new directory and file, removed at once; the cache itself is
+    untouched). Raises :class:`ConfigError` naming ``data.cache_dir`` or ``OLMX_CACHE_DIR``."""
+    from olmx.writable import check_writable
+
     root = cache_dir(data).absolute()
-    field = cache_field(data)
     hint = "tokenized caches are written there; choose another with data.cache_dir=DIR or $OLMX_CACHE_DIR"
-    probe = root
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        where = f"'{root}'" if probe == root else f"'{root}' cannot be created: '{probe}'"
-        raise ConfigError(field, f"{where} is not a directory ({hint})")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        where = f"'{root}'" if probe == root else f"'{root}' cannot be created: '{probe}'"
-        raise ConfigError(field, f"{where} is not writable ({hint})")
+    check_writable(root, cache_field(data), hint=hint)
     return root
 
 
@@ -315,9 +308,10 @@ def tokenize_bytes(files: list[Path], eos_id: int, out: Path) -> int:
     """Write the byte-level tokens of ``files`` (each followed by ``eos_id``) to ``out``."""
     import numpy as np
 
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    from olmx.writable import atomic_file
+
     total = 0
-    with open(tmp, "wb") as f:
+    with atomic_file(out) as f:
         for path in files:
             raw = path.read_bytes()
             tokens = np.empty(len(raw) + 1, dtype=np.uint16)
@@ -325,7 +319,6 @@ def tokenize_bytes(files: list[Path], eos_id: int, out: Path) -> int:
             tokens[-1] = eos_id
             f.write(tokens.tobytes())
             total += tokens.size
-    tmp.replace(out)
     return total
 
 
@@ -336,6 +329,8 @@ def raw_copy(path: Path, header: NpyHeader, data: DataConfig) -> Path:
     the first writer), every id checked against the vocabulary."""
     import numpy as np
     from filelock import FileLock
+
+    from olmx.writable import atomic_file
 
     vocab = data.tokenizer.vocab_size
     target = np.dtype(token_dtype(vocab))
@@ -350,17 +345,11 @@ def raw_copy(path: Path, header: NpyHeader, data: DataConfig) -> Path:
         n = header.items
         dtype = np.dtype(header.dtype)
         ids = np.memmap(path, dtype=dtype, mode="r", offset=header.offset, shape=(n,)) if n else np.empty(0, dtype)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                for start in range(0, n, COPY_CHUNK):
-                    chunk = np.asarray(ids[start : start + COPY_CHUNK])
-                    _check_ids(path, start, chunk, vocab, sampled=False)
-                    f.write(chunk.astype(target).tobytes())
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        tmp.replace(out)
+        with atomic_file(out) as f:
+            for start in range(0, n, COPY_CHUNK):
+                chunk = np.asarray(ids[start : start + COPY_CHUNK])
+                _check_ids(path, start, chunk, vocab, sampled=False)
+                f.write(chunk.astype(target).tobytes())
     return out
 
 

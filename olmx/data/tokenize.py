@@ -41,6 +41,7 @@ from typing import IO, TYPE_CHECKING, Any
 from olmx.data import encode as encoding
 from olmx.data.encode import Specials, encode, load_tokenizer, threads, utf8_text
 from olmx.errors import ConfigError
+from olmx.writable import check_writable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -328,8 +329,7 @@ def tokenize(
     if shard_tokens < 1:
         raise ConfigError("--shard-tokens", f"must be at least 1, got {shard_tokens}")
     folder = Path(os.path.expanduser(str(out))).absolute()
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError("--out", f"{folder} exists and is not a directory")
+    check_writable(folder, "--out", hint="the token files are written there")
     specials = specials_of(tokenizer_path, eos_id=eos_id)
     sha = read_tokenizer_json(tokenizer_path, field="--tokenizer").sha256
     files = input_files(inputs, exclude=folder)

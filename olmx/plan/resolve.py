@@ -26,6 +26,7 @@ from olmx.plan.memory import MemoryEstimate
 from olmx.plan.resume import check_resume
 from olmx.registry import Registry
 from olmx.rundir import RunDir
+from olmx.writable import check_writable
 
 if TYPE_CHECKING:
     from olmx.plan.auto import Evaluate
@@ -453,25 +454,9 @@ def _run_dir(run: RunConfig, now: datetime) -> str:
         path = Path(os.path.expanduser(t.run_dir)).absolute()
     else:
         path = (Path(t.runs_root).expanduser() / f"{now:%Y%m%d-%H%M%S}-{run.model.name}").absolute()
-    _check_writable(path)
+    check_writable(path, "trainer.run_dir")
     RunDir(path).check_claimable("trainer.run_dir")  # a non-empty folder olmx did not make is not a run dir
     return str(path)
-
-
-def _check_writable(path: Path) -> None:
-    """The run directory (or its nearest existing parent) must be a writable directory."""
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError("trainer.run_dir", f"'{probe}' exists and is not a directory")
-    import tempfile
-
-    try:  # an anonymous temporary file: works for root on read-only mounts, leaves nothing
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as exc:
-        raise ConfigError("trainer.run_dir", f"'{probe}' is not writable ({exc.strerror})") from None
 
 
 def describe_plan_rows(plan: Plan) -> list[tuple[str, str]]:
