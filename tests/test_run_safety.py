@@ -149,6 +149,32 @@ def test_one_writer_per_run_dir_and_a_killed_launcher_ends_its_workers(tmp_path,
     assert lines[-1].startswith("step 8/8 (100%), loss ")
 
 
+def test_a_repeated_ctrl_c_waits_for_the_checkpoint_and_keeps_the_lock(tmp_path, cache):
+    """Two Ctrl-C 0.2 s apart: olmx train returned at once with 130, released the lock and left
+    torchrun and its workers training (the second KeyboardInterrupt escaped the wait). Now it
+    returns only once they are gone, holding the lock until then, with the checkpoint it names."""
+    run = tmp_path / "run"
+    steps = ["trainer.max_steps=6", "trainer.save_interval=100", *ONE]
+    proc = start(run, cache, *steps, faults="hold@2:0")
+    try:
+        wait_for(lambda: "injecting fault hold at step 2" in node_log(run), proc, "the hold in step 2")
+        holder = RunDir(run).lock_holder()
+        assert holder is not None
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, explain(proc, run)
+    assert not processes_with_env(LOCK_ENV, holder.token)  # nothing of the run outlives olmx train
+    assert not (run / LOCK_FILE).exists()  # released at the end, by the launcher that held it
+    assert [(e["reason"], e["step"]) for e in events(run, "end")] == [("SIGINT", 2)]
+    assert (run / "checkpoints" / "step2" / ".metadata.json").is_file()
+    assert "still stopping" in output(proc)[1]
+
+
 def test_sighup_fresh_start_cancel_and_a_changed_model_on_resume(tmp_path, cache):
     run = tmp_path / "run"
     steps = ["trainer.max_steps=4", "trainer.save_interval=100", *ONE]

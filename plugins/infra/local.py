@@ -125,7 +125,8 @@ class LocalInfra(InfraPlugin):
 
         SIGTERM or SIGHUP to this process (a scheduler taking the machine, a closed terminal)
         is passed on to torchrun and its processes, which finish their step and save a
-        checkpoint; Ctrl-C does the same; if this process dies, torchrun gets SIGTERM."""
+        checkpoint; Ctrl-C does the same (once: a repeated Ctrl-C waits on with them); if this
+        process dies, torchrun gets SIGTERM."""
         import socket
         import time
         import uuid
@@ -190,7 +191,24 @@ class LocalInfra(InfraPlugin):
                 recorder.poll()  # a restart's cause is recorded when it happens
                 return rc
 
+            stopping = False
+
+            def interrupt(signum: int, frame: Any) -> None:
+                """Ctrl-C: the first one ends following (KeyboardInterrupt, below), a repeated one
+                only says that the processes are still saving: olmx train never returns (nor
+                releases the run directory's lock) while they run."""
+                nonlocal stopping
+                if stopping:
+                    try:
+                        console.print("still stopping: the processes finish their step and save a checkpoint...")
+                    except OSError:
+                        pass
+                    return
+                stopping = True
+                raise KeyboardInterrupt
+
             previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGHUP)}
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
             try:
                 try:
                     follow(plan, poll, log_path=log_path, console=console)
@@ -198,7 +216,7 @@ class LocalInfra(InfraPlugin):
                 except RunFailed as exc:
                     rc = exc.exit_code
                 except KeyboardInterrupt:
-                    interrupted = True
+                    interrupted = stopping = True
                     pass_on(signal.SIGINT, None)
                     rc = proc.wait()
             finally:
