@@ -110,7 +110,25 @@ def outcome(
             f"stopped on a non-finite loss/gradient at step {step}; the checkpoint of step {step} holds "
             f"the parameters from before that step",
         )
+    if not step:  # stopped before the first step of a fresh run: nothing was saved, nothing to resume
+        return Outcome(
+            "stopped",
+            signal_exit_code(reason),
+            step,
+            f"stopped by {reason} before the first step; no checkpoint was saved (the next olmx train starts afresh)",
+        )
     return Outcome("stopped", EXIT_PREEMPTED, step, f"stopped by {reason}; checkpoint saved at step {step}")
+
+
+def signal_exit_code(signal_name: str | None) -> int:
+    """The shell's exit status of a process ended by ``signal_name`` (``SIGTERM``: 143), for a
+    stop that saved nothing (75 is kept for stops with a checkpoint to resume from)."""
+    import signal
+
+    try:
+        return 128 + signal.Signals[str(signal_name)].value
+    except KeyError:
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

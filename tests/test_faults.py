@@ -250,6 +250,13 @@ def test_outcome_of_a_launch_is_read_from_its_own_events(tmp_path, monkeypatch):
     append_event(tmp_path, "end", reason="max_steps", step=20)
     assert main([str(tmp_path), "b"]) == 0 and main([str(tmp_path), "a"]) == EXIT_PREEMPTED
     assert main([str(tmp_path)]) == 0
+    # A stop before the first step of a fresh run saved nothing: not 75 ("checkpoint saved at
+    # step 0" named a checkpoint that was never written), but the signal's own status.
+    monkeypatch.setenv(LAUNCH_ENV, "c")
+    append_event(tmp_path, "start", attempt=0, resumed_from=None)
+    append_event(tmp_path, "end", reason="SIGTERM", step=0)
+    early = outcome(tmp_path, launch="c")
+    assert triple(early) == ("stopped", 143, 0) and "no checkpoint was saved" in early.message
 
 
 def test_resume_prunes_checkpoints_of_earlier_attempts(tmp_path):
