@@ -54,6 +54,8 @@ def _check_out(out: Path, *, directory: bool) -> Path:
     """``out`` absolute, where nothing would be overwritten."""
     out = Path(os.path.expanduser(out)).absolute()
     what = "directory" if directory else "file"
+    if out.is_symlink():  # followed, the export would land elsewhere (and the rename fail)
+        raise ConfigError("--out", f"{out} is a symbolic link: export writes a new {what}; give a real path")
     if out.is_dir() and directory:
         if any(out.iterdir()):
             raise ConfigError("--out", f"{out} exists and is not empty: export writes a new {what}, never over files")

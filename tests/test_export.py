@@ -314,3 +314,18 @@ def test_any_model_exports_to_torch_and_a_layered_one_is_refused_for_hf(tmp_path
     state = torch.load(tmp_path / "model.pt", weights_only=True)
     assert any("engram" in k for k in state) and any("experts" in k or "moe" in k for k in state)
     assert all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in state.values())
+
+
+def test_out_is_a_new_real_path_olmx_can_write(tmp_path) -> None:
+    """--out is checked before anything is loaded: a symbolic link (followed, the export landed
+    elsewhere and the rename failed with a traceback), a parent where nothing can be created."""
+    from olmx.export import _check_out
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="is a symbolic link: export writes a new directory") as info:
+        _check_out(tmp_path / "link", directory=True)
+    assert info.value.field == "--out"
+    with pytest.raises(ConfigError, match="'/proc' is not writable"):
+        _check_out(Path("/proc/model.pt"), directory=False)
+    assert _check_out(tmp_path / "empty", directory=True) == tmp_path / "empty"
