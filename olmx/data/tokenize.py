@@ -259,14 +259,19 @@ class _Writer:
             self.records[index]["done"] = True
 
     def commit(self) -> None:
-        """Close the open shard (rename it into place) and record it in the metadata."""
+        """Close the open shard, claim it in the metadata (``pending``), rename it into place,
+        and record it there. A kill between the claim and the record leaves a shard the next run
+        knows is olmx's (:func:`drop_pending`), never one it must refuse as someone else's."""
         if self.file is not None and self.tmp is not None:
             self.file.flush()
             os.fsync(self.file.fileno())
             self.file.close()
             name = self.name()
+            self.meta["pending"] = name
+            write_metadata(self.out, self.meta)
             self.tmp.replace(self.out / name)
             self.file = self.tmp = None
+            del self.meta["pending"]
             docs = sum(d for d, _ in self.pending.values())
             self.meta["shards"].append({"name": name, "documents": docs, "tokens": self.tokens})
             self.written.append(name)
@@ -301,6 +306,25 @@ def read_metadata(folder: Path) -> dict[str, Any] | None:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ConfigError("--out", f"{path} is not olmx data tokenize's metadata (format {FORMAT})")
     return meta
+
+
+def drop_pending(folder: Path, meta: dict[str, Any]) -> None:
+    """A shard an interrupted run claimed (``pending``) but did not record: remove it (its
+    documents were not recorded either, so this run tokenizes them again)."""
+    name = meta.pop("pending", None)
+    if name:
+        (folder / name).unlink(missing_ok=True)
+        write_metadata(folder, meta)
+
+
+def lock_path(folder: Path) -> Path:
+    """The lock one ``olmx data tokenize`` holds on ``folder``: in the temporary directory, not
+    in the user's folder, where it would be left behind."""
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(str(folder.absolute()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"olmx-tokenize-{key}.lock"
 
 
 def write_metadata(folder: Path, meta: dict[str, Any]) -> None:
@@ -338,9 +362,8 @@ def tokenize(
 
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / f".{METADATA}.lock"
     try:
-        with FileLock(str(lock)):
+        with FileLock(str(lock_path(folder))):
             meta = read_metadata(folder) or {
                 "format": FORMAT,
                 "tokenizer": {
@@ -356,12 +379,12 @@ def tokenize(
                 "shards": [],
             }
             _check_same_tokenizer(folder, meta, sha, specials)
+            drop_pending(folder, meta)
             records, skip, todo = _plan_inputs(meta, files)
             job = _Job(folder, meta, files, records, skip, todo, tokenizer, str(tokenizer_path), specials)
             return _run(job, workers=workers, shard_tokens=shard_tokens, progress=progress)
     except BaseException:
         if created and not (folder / METADATA).exists():  # failed before its first shard: leave nothing
-            lock.unlink(missing_ok=True)
             folder.rmdir()
         raise
 

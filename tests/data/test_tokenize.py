@@ -157,6 +157,41 @@ def test_an_interrupted_run_continues_to_the_same_files(corpus, tokenized, tmp_p
     assert _snapshot(out) == before
 
 
+def test_a_kill_just_after_a_shard_appears_can_be_rerun(corpus, tokenized, tmp_path, monkeypatch) -> None:
+    """Killed between a shard's rename and the metadata that records it, every rerun refused
+    "part-00002.npy exists and olmx did not write it". The shard is now claimed first
+    (``pending``), so the rerun removes it and writes the same files as an uninterrupted run;
+    the lock is not left in the output folder."""
+    import olmx.data.tokenize as tokenize_module
+
+    out = tmp_path / "out"
+    real = Path.replace
+    renamed = []
+
+    def killed_after_the_third_shard(self, target):
+        result = real(self, target)
+        if self.name.startswith(".part-"):
+            renamed.append(Path(target).name)
+            if len(renamed) == 3:
+                raise KeyboardInterrupt  # the process dies here
+        return result
+
+    monkeypatch.setattr(Path, "replace", killed_after_the_third_shard)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_module.tokenize(corpus["inputs"], corpus["tok"], out, shard_tokens=1000)
+    monkeypatch.setattr(Path, "replace", real)
+    meta = json.loads((out / tokenize_module.METADATA).read_text())
+    assert meta["pending"] == "part-00002.npy" and (out / "part-00002.npy").exists()
+    assert [s["name"] for s in meta["shards"]] == ["part-00000.npy", "part-00001.npy"]
+    tokenize_module.tokenize(corpus["inputs"], corpus["tok"], out, shard_tokens=1000)
+    assert _snapshot(out).keys() == _snapshot(tokenized).keys()
+    for name, data in _snapshot(tokenized).items():
+        if name != tokenize_module.METADATA:
+            assert _snapshot(out)[name] == data, name
+    assert "pending" not in json.loads((out / tokenize_module.METADATA).read_text())
+    assert not [p for p in out.iterdir() if p.name.endswith(".lock")]
+
+
 def test_refusals_name_the_problem_and_write_nothing(corpus, tokenized, tmp_path, monkeypatch) -> None:
     from olmx.data.tokenize import tokenize
 
