@@ -96,8 +96,11 @@ def test_expert_parallel_runs_equal_the_single_process_run(tmp_path):
     ddp_ep = run("ddp_ep", "parallel=[ddp_ep]", "parallel.ddp_ep.degree=2")
     hsdp_ep = run("hsdp_ep", "parallel=[hsdp]", "parallel.hsdp.expert_parallel=true")
     assert len(single) == 6 and single[-1] < single[0] - 0.5
-    assert ddp_ep == pytest.approx(single, rel=5e-5)
-    assert hsdp_ep == pytest.approx(single, rel=5e-5)
+    # Reduction order differs between the layouts (all-to-all vs local expert batches) and the
+    # router carries it on: measured 6.3e-5 by step 6 from trainer.seed's initial weights (the
+    # tests of olmo_core's backend measure 7e-5 by step 3), hence 1e-4.
+    assert ddp_ep == pytest.approx(single, rel=1e-4)
+    assert hsdp_ep == pytest.approx(single, rel=1e-4)
 
 
 @pytest.mark.dist
