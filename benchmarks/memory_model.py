@@ -17,7 +17,12 @@ skipped there. ``--estimate-only`` recomputes the estimates of the recorded rows
 change to the memory model, measuring nothing. All 21 rows take about 30 minutes on 2 shared
 CPU cores; the 1-process rows on one GPU a few minutes.
 
-    .venv/bin/python benchmarks/memory_model.py [--only SUBSTRING ...] [--keep DIR] [--out DIR]
+``--compile`` measures the rows of :data:`COMPILE_ROWS` (or those ``--only`` names) twice in one
+run, eager and under ``torch.compile`` (inductor; on CPU through :data:`COMPILE_HOOK`, since
+olmx and OLMo-core compile only with CUDA), each against its own baseline, and records both
+ratios side by side in a section of its own (the 21-row table stays as recorded).
+
+    .venv/bin/python benchmarks/memory_model.py [--only SUBSTRING ...] [--compile] [--keep DIR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -175,12 +180,91 @@ CASES = [
 ]
 
 
-def measured_mib(args: list[str], run_dir: Path) -> float:
-    """The largest per-process peak of a run."""
-    proc = subprocess.run([*OLMX, "train", *args, f"trainer.run_dir={run_dir}"], capture_output=True, text=True)
+#: The rows ``--compile`` re-measures by default: float32 with activations dominating, autocast
+#: bf16 over replicated parameters, FSDP2's bf16 parameters over 2 processes (the GPU default's
+#: layout), full activation checkpointing (compiled blocks recomputed in backward).
+COMPILE_ROWS = [
+    "1 proc, 17M, 4 x 2048 tokens",
+    "1 proc, 17M, 4 x 512, bf16",
+    "2 proc FSDP, 17M, 4 x 512, bf16",
+    "1 proc, 17M, 4 x 2048, AC full",
+]
+#: ``sitecustomize`` of the compiled runs' workers (``--compile`` on CPU; PYTHONPATH, with
+#: ``OLMX_BENCH_COMPILE=1``): OLMo-core's train module compiles the blocks only where
+#: ``torch.cuda.is_available()`` and olmx plans ``torch.compile`` only with CUDA, so in the
+#: process that ``olmx run`` starts the train module is asked to compile (``compile_model``) and
+#: OLMo-core's ``parallelize_model`` sees CUDA as available for that one check: the blocks are
+#: compiled where they are on a GPU (after activation checkpointing, before DDP/FSDP, with
+#: DDP's compiled-autograd settings), with torch.compile's default backend, inductor.
+COMPILE_HOOK = '''"""Written by benchmarks/memory_model.py --compile (see COMPILE_HOOK there)."""
+import os
+import sys
+
+_argv = sys.orig_argv  # a worker: python [-u] -m olmx run PLAN
+_worker = any(_argv[i : i + 3] == ["-m", "olmx", "run"] for i in range(len(_argv)))
+if os.environ.get("OLMX_BENCH_COMPILE") == "1" and _worker:
+
+    def _install():
+        import olmx.worker.train as train
+
+        kwargs_of = train.train_module_kwargs
+
+        def train_module_kwargs(plan, reg):
+            import olmo_core.train.train_module.transformer.common as common
+            import torch
+
+            class Cuda:
+                def __getattr__(self, name):
+                    return getattr(torch.cuda, name)
+
+                @staticmethod
+                def is_available():
+                    return True
+
+            class Torch:
+                cuda = Cuda()
+
+                def __getattr__(self, name):
+                    return getattr(torch, name)
+
+            common.torch = Torch()  # parallelize_model's "if torch.cuda.is_available(): compile"
+            return {**kwargs_of(plan, reg), "compile_model": True}
+
+        train.train_module_kwargs = train_module_kwargs
+
+    _install()
+'''
+#: What OLMo-core logs in each worker when it compiled the model.
+COMPILED_LOG = "Applied torch.compile() to the model"
+
+
+def compile_env(root: Path) -> dict[str, str]:
+    """The environment of ``olmx train`` whose workers compile (CPU): :data:`COMPILE_HOOK` as
+    ``sitecustomize`` first on PYTHONPATH (:func:`measured_mib` adds a cold inductor cache)."""
+    hook = root / "compile_hook"
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / "sitecustomize.py").write_text(COMPILE_HOOK)
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OLMX_BENCH_COMPILE": "1"}
+
+
+def measured_mib(args: list[str], run_dir: Path, env: dict[str, str] | None = None) -> float:
+    """The largest per-process peak of a run; with ``env`` (:func:`compile_env`) compiled, with
+    an inductor cache of its own that starts empty (as on a fresh machine; a cache hit would
+    skip compilation and its memory), and checked to have compiled (OLMo-core says so in rank
+    0's log)."""
+    if env is not None:
+        env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(run_dir.parent / f"{run_dir.name}-inductor")}
+    proc = subprocess.run(
+        [*OLMX, "train", *args, f"trainer.run_dir={run_dir}"], capture_output=True, text=True, env=env
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{args}: olmx train failed:\n{proc.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
+    if env is not None:
+        logs = "".join(f.read_text(errors="replace") for f in run_dir.rglob("*.log")) + proc.stdout + proc.stderr
+        if COMPILED_LOG not in logs:
+            raise SystemExit(f"{args}: the workers did not compile (no '{COMPILED_LOG}' in {run_dir}'s logs)")
     return max(p["peak_mem_mib"] for p in summary["processes"])
 
 
@@ -244,9 +328,90 @@ def summary(record: dict[str, dict[str, dict[str, float]]]) -> str:
     return "\n".join(out)
 
 
-def write(record: dict, meta: dict, out: Path) -> None:
-    """``memory_model.json`` (raw) and ``memory_model.md`` (the record collect_results.py reads)."""
-    (out / "memory_model.json").write_text(json.dumps({"meta": meta, "rows": record}, indent=1) + "\n")
+def compile_table(compiled: dict) -> str:
+    """``--compile``'s rows: the same estimate against the eager and the compiled peak."""
+    lines = [
+        "| configuration | device | estimate | eager: measured | eager: measured / estimate "
+        "| compiled: measured | compiled: measured / estimate | compiled / eager | run time (s): eager, compiled |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for device, rows in compiled.get("rows", {}).items():
+        for case in CASES:
+            if (r := rows.get(case.name)) is not None:
+                e, eager, comp = r["estimate"], r["eager"], r["compiled"]
+                lines.append(
+                    f"| {case.name} | {device} | {e:.0f} | {eager:.0f} | {eager / e:.2f} | {comp:.0f} | {comp / e:.2f} "
+                    f"| {comp / eager:.2f} | {r.get('eager_s', 0):.0f}, {r.get('compiled_s', 0):.0f} |"
+                )
+    return "\n".join(lines)
+
+
+def compile_summary(compiled: dict) -> str:
+    """Per device: the range of the compiled / eager and measured / estimate ratios."""
+    out = []
+    for device, rows in compiled.get("rows", {}).items():
+        if not rows:
+            continue
+
+        def span(xs: list[float]) -> str:
+            return f"{min(xs):.2f}-{max(xs):.2f}"
+
+        rs = list(rows.values())
+        out.append(
+            f"- {device}, {len(rs)} rows: compiled / eager {span([r['compiled'] / r['eager'] for r in rs])}; "
+            f"measured / estimate eager {span([r['eager'] / r['estimate'] for r in rs])}, "
+            f"compiled {span([r['compiled'] / r['estimate'] for r in rs])}"
+        )
+    return "\n".join(out)
+
+
+def compile_section(compiled: dict) -> str:
+    """The markdown section of ``--compile``'s record ("" before any)."""
+    if not compiled.get("rows"):
+        return ""
+    when = "; ".join(f"{d}: {m}" for d, m in compiled.get("meta", {}).items())
+    return f"""
+## Under torch.compile
+
+Script: `.venv/bin/python benchmarks/memory_model.py --compile`. Recorded: {when}.
+
+Method: each of these rows trains twice in one run, eager and with OLMo-core's per-block
+`torch.compile` (inductor, torch.compile's default backend: on CPU C++ kernels built with gcc).
+olmx plans `torch.compile` only with CUDA and OLMo-core's train module applies it only where
+CUDA is available, so on CPU the script puts `COMPILE_HOOK` in the workers: the train module
+is asked to compile and OLMo-core's one CUDA check answers yes, so the blocks are compiled
+where they are on a GPU (after activation checkpointing, before DDP/FSDP); OLMo-core's log says
+it compiled, which the script checks. Each mode has its own baseline, the near-empty model run
+the same way ({compiled.get("bases", "")}: compiling adds what dynamo and inductor keep
+resident); each compiled run starts with an empty inductor cache. "measured" is MiB per
+process above the baseline; on CPU the resident-set high-water mark, as above, which in a
+compiled run also holds what compiling this model left resident beyond the baseline's. Run
+time: the whole `olmx train` (2 steps, compiling included; bf16 is slow here, this CPU has no
+bf16 instructions).
+
+{compile_table(compiled)}
+
+{compile_summary(compiled)}
+
+The compiled peaks are lower, as expected from AOTAutograd's min-cut partitioner (inductor's
+default), which saves fewer tensors for backward and recomputes cheap element-wise work (norms,
+SiLU, casts) there, and from inductor fusing what eager keeps as separate tensors (not broken
+down here). The memory model counts what eager mode saves (its constants were fitted on eager
+runs), so for these rows compiled (compiling is the GPU default) its estimate is that much above
+the peak: on the safe side for the fit checks, pessimistic for `auto`'s choices. These rows have
+no QK-norm, which OLMo 3's blocks have and which the model undercounts in bf16 without autocast
+(tests/test_layouts_at_scale.py); that case is not measured compiled. Not measured on a GPU yet.
+"""
+
+
+def write(record: dict, meta: dict, out: Path, compiled: dict | None = None) -> None:
+    """``memory_model.json`` (raw) and ``memory_model.md`` (the record collect_results.py reads);
+    ``compiled``: ``--compile``'s record (kept as recorded when None)."""
+    previous = out / "memory_model.json"
+    if compiled is None and previous.exists():
+        compiled = json.loads(previous.read_text()).get("compile")
+    data = {"meta": meta, "rows": record, **({"compile": compiled} if compiled else {})}
+    (out / "memory_model.json").write_text(json.dumps(data, indent=1) + "\n")
     when = "; ".join(f"{d}: {m}" for d, m in meta.items())
     text = f"""# Memory: the plan's estimate against measured peaks, across strategies
 
@@ -284,7 +449,7 @@ tensors: freed activation blocks stay in the process. An earlier run of this scr
 between runs (the 2-process FSDP row: 1888 and 2242 MiB). The estimate is of live tensors: on
 GPUs that is what `torch.cuda.max_memory_allocated` counts; CPU runs that must not exceed their
 RAM can set `MALLOC_MMAP_THRESHOLD_=65536` for the workers.
-"""
+{compile_section(compiled or {})}"""
     (out / "memory_model.md").write_text(text)
 
 
@@ -298,18 +463,26 @@ def main() -> None:
         action="store_true",
         help="Recompute the estimates of the recorded rows (after a change to the memory model); measure nothing.",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="Measure COMPILE_ROWS (or the --only rows) eager and under torch.compile (inductor), side by side.",
+    )
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="olmx-memory-"))
     previous = args.out / "memory_model.json"
     saved = json.loads(previous.read_text()) if previous.exists() else {"meta": {}, "rows": {}}
     record, meta = saved["rows"], saved["meta"]
     if args.estimate_only:
-        for device, rows in record.items():
+        for device, rows in [*record.items(), *saved.get("compile", {}).get("rows", {}).items()]:
             for i, case in enumerate(CASES):
                 if case.name in rows and (est := estimated(case.args, root / f"e{i}"))[0] == device:
                     rows[case.name].update(est[1])  # (rows of another device keep theirs)
-        print(table(record), summary(record), sep="\n\n")
-        write(record, meta, args.out)
+        print(table(record), summary(record), compile_table(saved.get("compile", {})), sep="\n\n")
+        write(record, meta, args.out, saved.get("compile"))
+        return
+    if args.compile:
+        measure_compiled(args, root, saved)
         return
     n_gpus = gpus()
     device = "cuda" if n_gpus else "cpu"
@@ -346,6 +519,61 @@ def main() -> None:
     print(table(record))
     print()
     print(summary(record))
+
+
+def measure_compiled(args: argparse.Namespace, root: Path, saved: dict) -> None:
+    """``--compile``: each chosen row eager, then compiled (:data:`COMPILE_HOOK` on CPU,
+    ``trainer.compile=true`` on CUDA), recorded in ``saved["compile"]``."""
+    n_gpus = gpus()
+    device = "cuda" if n_gpus else "cpu"
+    compiled = saved.setdefault("compile", {})
+    rows = compiled.setdefault("rows", {}).setdefault(device, {})
+    env = compile_env(root) if device == "cpu" else None
+
+    def compiling(case_args: list[str]) -> list[str]:
+        return case_args if env is not None else [*case_args, "trainer.compile=true"]
+
+    start = time.time()
+    if device == "cpu":
+        base = measured_mib([*COMMON, *BASE], root / "base")
+        base_c = measured_mib([*COMMON, *BASE], root / "base-c", env)
+    else:
+        base = base_c = 0.0
+    print(f"device {device}; baselines (near-empty model): eager {base:.0f} MiB, compiled {base_c:.0f} MiB\n")
+    for i, case in enumerate(CASES):
+        if not (any(p in case.name for p in args.only) if args.only else case.name in COMPILE_ROWS):
+            continue
+        if device == "cuda" and case.nproc > n_gpus:
+            print(f"{case.name}: skipped ({case.nproc} processes, {n_gpus} GPU(s))")
+            continue
+        plan_device, est = estimated(case.args, root / f"e{i}")
+        assert plan_device == device, (plan_device, device)
+        t0 = time.time()
+        eager = measured_mib(case.args, root / f"m{i}") - base
+        t1 = time.time()
+        comp = measured_mib(compiling(case.args), root / f"c{i}", env) - base_c
+        rows[case.name] = {**est, "eager": eager, "compiled": comp, "eager_s": t1 - t0, "compiled_s": time.time() - t1}
+        print(
+            f"{case.name:50} estimate {est['estimate']:6.0f}  eager {eager:6.0f} ({eager / est['estimate']:.2f})  "
+            f"compiled {comp:6.0f} ({comp / est['estimate']:.2f})  {t1 - t0:.0f} s / {time.time() - t1:.0f} s",
+            flush=True,
+        )
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        compiled.setdefault("meta", {})[device] = (
+            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(start))} UTC, {platform.node() or 'this machine'}, "
+            f"{os.cpu_count()} CPUs, load average {load}, {time.time() - start:.0f} s, torch {torch_version()}"
+        )
+        compiled["bases"] = f"{device}: eager {base:.0f} MiB, compiled {base_c:.0f} MiB"
+        write(saved["rows"], saved["meta"], args.out, compiled)  # after every row
+    print()
+    print(compile_table(compiled))
+
+
+def torch_version() -> str:
+    """torch's version, without importing torch into this process."""
+    from importlib.metadata import version
+
+    return version("torch")
 
 
 if __name__ == "__main__":
