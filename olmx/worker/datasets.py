@@ -189,6 +189,7 @@ def write_holdout(splits: list[SourceSplit], plan: Plan) -> str:
     from filelock import FileLock
 
     from olmx.data.files import cache_dir, token_dtype
+    from olmx.writable import atomic_file
 
     data, seq = plan.run.data, plan.batch.seq_len
     dtype = np.dtype(token_dtype(data.tokenizer.vocab_size))
@@ -203,15 +204,13 @@ def write_holdout(splits: list[SourceSplit], plan: Plan) -> str:
     with FileLock(str(out) + ".lock"):
         if out.exists():
             return str(out)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
+        with atomic_file(out) as f:
             for s in splits:
                 for path, tokens, held in zip(s.paths, s.tokens, s.held, strict=True):
                     end = tokens // seq * seq
                     ids = np.memmap(path, dtype=dtype, mode="r", shape=(tokens,)) if held else None
                     if ids is not None:
                         f.write(np.asarray(ids[end - held * seq : end]).tobytes())
-        tmp.replace(out)
     return str(out)
 
 
