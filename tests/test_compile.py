@@ -63,6 +63,7 @@ def _compile_all(root: str) -> dict[str, dict]:
             f"trainer.run_dir={root}/{i}",
         ]
         plan = plan_from_overrides([*common, *overrides], reg)
+        dist.barrier()  # both ranks resolve before either writes into the run dir (it must be new then)
         real = torch.compile
         torch.compile = functools.partial(real, backend="aot_eager")  # type: ignore[assignment]
         try:
