@@ -30,6 +30,11 @@ trackers).
 Decisions a plugin makes there go into :attr:`Contribution.decisions`, are saved in the plan
 and read back at build time (:meth:`Plugin.decided`), never recomputed.
 
+A ``Config`` field declares what it allows once, next to its definition, with
+:func:`setting` (``top_k: int = setting(2, ge=1)``, ``gating: str = setting("softmax",
+choices=GATINGS)``): the core checks those rules before any hook sees the config, and
+``olmx plugins show`` prints them. ``resolve`` checks only what joins several values.
+
 Importing a plugin's module must be cheap: no torch and no OLMo-core at module level (import
 them inside the ``apply_*``/``launch`` hooks). ``claim``, ``layout``, ``dtypes`` and
 ``resolve`` run before anything is launched or written, must not import torch, and raise
@@ -41,6 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from olmx.config.rules import setting as setting  # re-exported: the plugin contract
 from olmx.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:
@@ -48,6 +54,17 @@ if TYPE_CHECKING:
     from olmx.plan import Plan
     from olmx.plan.execution import Execution
     from olmx.plan.linears import LinearLayer
+
+
+def require_package(package: str, *, extra: str, field: str) -> None:
+    """Refuse the plan (:class:`ConfigError` naming ``field``) when ``package`` cannot be
+    imported here: an optional part of olmx whose extra is not installed. Looked up, not
+    imported (importing it may take seconds)."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(field, f"needs the {package} package, which is not installed: pip install 'olmx[{extra}]'")
+
 
 #: Plugin kind -> entry-point group.
 GROUPS: dict[str, str] = {

@@ -229,7 +229,8 @@ def plugins_show(
     name: str = typer.Argument(..., help="Plugin name."),
     kind: Optional[str] = typer.Option(None, "--kind", help="Disambiguate when several kinds use the name."),
 ) -> None:
-    """One plugin's config schema: keys, types, defaults and their documentation."""
+    """One plugin's config schema: keys, types, defaults, what each allows and their documentation."""
+    from rich.markup import escape
     from rich.table import Table
 
     from olmx.api import CONFIG_GROUPS
@@ -254,10 +255,10 @@ def plugins_show(
         markup=False,  # "[fsdp]" is not a rich style
     )
     table = Table(show_lines=False)
-    for col in ("key", "type", "default", "description"):
+    for col in ("key", "type", "default", "allowed", "description"):
         table.add_column(col)
-    for key, typ, default, doc in schema_rows(plugin.Config, prefix=prefix):
-        table.add_row(key, typ, default, doc)
+    for key, typ, default, allowed, doc in schema_rows(plugin.Config, prefix=prefix):
+        table.add_row(*(escape(cell) for cell in (key, typ, default, allowed, doc)))  # "[int]" is no style
     out.print(table)
 
 

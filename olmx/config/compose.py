@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from olmx.api import CONFIG_GROUPS
+from olmx.config import rules
 from olmx.config.schema import AUTO, AutoParallelConfig, RunConfig
 from olmx.errors import ConfigError
 from olmx.registry import Registry
@@ -216,6 +217,7 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
     except OmegaConfBaseException as exc:
         raise _config_error(exc, reg) from None
     assert isinstance(run, RunConfig)
+    rules.check(run, "")  # the core sections (the plugin sections are not set yet: checked by _typed)
     for group, typed in sections.items():
         setattr(run, group, typed)
     return run
@@ -246,6 +248,7 @@ def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:
         if "not in struct" in msg or "Key '" in msg and "not in" in msg:
             msg = f"unknown key; allowed: {fields}"
         raise ConfigError(f"{where}.{key}" if key else where, msg) from None
+    rules.check(obj, where)
     return obj
 
 

@@ -40,9 +40,12 @@ def _own_field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """``(key, type, default, doc)`` for every field, nested dataclasses flattened."""
-    rows: list[tuple[str, str, str, str]] = []
+def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
+    """``(key, type, default, allowed, doc)`` for every field, nested dataclasses flattened;
+    ``allowed`` is the field's declared rule in words (:mod:`olmx.config.rules`)."""
+    from olmx.config.rules import allowed
+
+    rows: list[tuple[str, str, str, str, str]] = []
     docs = field_docs(cls)
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
@@ -54,7 +57,7 @@ def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
             rows += schema_rows(type(default), prefix=f"{key}.")
             continue
         typ = hints.get(f.name, f.type)
-        rows.append((key, _type_name(typ), repr(default), docs.get(f.name, "")))
+        rows.append((key, _type_name(typ), repr(default), allowed(f), docs.get(f.name, "")))
     return rows
 
 
@@ -68,5 +71,8 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _type_name(t: Any) -> str:
-    text = t if isinstance(t, str) else getattr(t, "__name__", None) or str(t)
+    import typing
+
+    generic = typing.get_origin(t) is not None  # Optional[int], list[str]: their name drops the args
+    text = t if isinstance(t, str) else str(t) if generic else getattr(t, "__name__", None) or str(t)
     return str(text).replace("typing.", "").replace("NoneType", "None")

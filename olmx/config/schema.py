@@ -10,6 +10,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from olmx.config.rules import setting
+
+#: ``model.block``: OLMo-core's pre-norm block and its OLMo 2/3 post-norm block.
+BLOCKS = ("default", "reordered_norm")
+#: ``model.attn_backend``.
+ATTN_BACKENDS = ("auto", "torch", "flash_2", "flash_3", "te")
+#: Upper bound of ``model.n_layers``.
+MAX_LAYERS = 1024
+#: ``data.name``.
+DATA_SOURCES = ("stdlib", "text", "numpy")
+#: Upper bound of ``data.seq_len``: longer sequences are a typo, not a run (OLMo-core keeps
+#: RoPE tables and attention over the whole sequence; 1 Mi tokens is beyond any olmx recipe,
+#: conf/experiment/long_context.yaml suggests up to 131,072).
+MAX_SEQ_LEN = 1 << 20
+#: ``trainer.schedule``.
+SCHEDULES = ("cosine", "linear", "constant")
+#: ``trainer.optimizer``.
+OPTIMIZERS = ("skip_step_adamw", "adamw")
+#: ``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block) and olmx's
+#: ``long_context`` (olmx.worker.train.LONG_CONTEXT_AC_MODULES). OLMo-core's ``selected_ops``
+#: is not offered: with torch 2.13 its recompute fails in RoPE ("aten.alias.default invocation
+#: index 4 encountered during backward but not found in storage", benchmarks/results/ulysses.md).
+AC_MODES = ("full", "long_context")
+#: ``trainer.on_nonfinite``.
+ON_NONFINITE = ("stop", "skip")
+#: The value of a setting the plan chooses (``parallel=auto``,
+#: ``trainer.activation_checkpointing=auto``, ``parallel.ulysses.degree=auto``).
+AUTO = "auto"
+
 
 @dataclass
 class ModelConfig:
@@ -19,23 +48,24 @@ class ModelConfig:
     #: Label of the architecture, shown in the plan.
     name: str = "tiny"
     #: Width of the residual stream.
-    d_model: int = 128
-    #: Number of transformer blocks.
-    n_layers: int = 4
+    d_model: int = setting(128, ge=1)
+    #: Number of transformer blocks (at most 1,024: deeper than any published language model;
+    #: the plan lists every block's layers, so a typo of 2**31 blocks would exhaust its memory).
+    n_layers: int = setting(4, ge=1, le=MAX_LAYERS)
     #: Attention query heads.
-    n_heads: int = 4
+    n_heads: int = setting(4, ge=1)
     #: Key/value heads (grouped-query attention); null means equal to ``n_heads``.
-    n_kv_heads: Optional[int] = None
+    n_kv_heads: Optional[int] = setting(None, ge=1, integer=True)
     #: Hidden width of the gated (SwiGLU) feed-forward network.
-    hidden_size: int = 512
+    hidden_size: int = setting(512, ge=1)
     #: OLMo-core block type: ``default`` (pre-norm) or ``reordered_norm`` (OLMo 2/3 post-norm).
-    block: str = "default"
+    block: str = setting("default", choices=BLOCKS)
     #: RMS-normalise queries and keys (OLMo 2/3).
     qk_norm: bool = False
     #: RoPE base.
-    rope_theta: int = 500_000
+    rope_theta: int = setting(500_000, ge=1)
     #: Epsilon of every RMSNorm.
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: float = setting(1e-5, gt=0)
     #: Sliding-window pattern cycled over layers (-1 = full attention), as in OLMo 3;
     #: the last layer always attends fully. null disables sliding windows.
     sliding_window: Optional[list[int]] = None
@@ -43,9 +73,9 @@ class ModelConfig:
     #: installed, else flash-attn 2 where installed, else torch SDPA; torch SDPA otherwise),
     #: ``torch``, ``flash_2``, ``flash_3`` (flash-attn takes only 16-bit inputs: refused with
     #: float32 compute), ``te`` (TransformerEngine).
-    attn_backend: str = "auto"
+    attn_backend: str = setting("auto", choices=ATTN_BACKENDS)
     #: Standard deviation of the normal initialisation.
-    init_std: float = 0.02
+    init_std: float = setting(0.02, gt=0)
     #: A local Hugging Face ``transformers`` checkpoint directory (``config.json`` plus
     #: safetensors weights, e.g. written by ``olmx export hf``) whose weights a fresh run starts
     #: from instead of the random initialisation; a resume loads its own checkpoint instead.
@@ -69,18 +99,18 @@ class TokenizerConfig:
     #: It also chooses the dtype OLMo-core reads raw token files in: the smallest of uint8,
     #: uint16, uint32, uint64 that holds ``vocab_size - 1`` (byte-level data: 257-65,536).
     #: With ``path``: the tokenizer's largest id plus one; a larger value reserves ids it never produces.
-    vocab_size: int = 258
+    vocab_size: int = setting(258, ge=1)
     #: End-of-document id (byte-level data: >= 256, ids 0-255 are bytes), put after every document.
     #: With ``path``: the tokenizer's end-of-document token (its ``tokenizer_config.json``, the
     #: special token its post-processor appends, or one named ``<|endoftext|>``, ``</s>``, ...);
     #: set it where the tokenizer names none.
-    eos_id: int = 256
+    eos_id: int = setting(256, ge=0)
     #: Padding id. With ``path``: the tokenizer's padding token, else ``eos_id``.
-    pad_id: int = 257
+    pad_id: int = setting(257, ge=0)
     #: Beginning-of-document id; when set, every document starts with it (OLMo-core expects
     #: that). With ``path``: the one the tokenizer puts before a text (its post-processor, or
     #: ``add_bos_token`` in its ``tokenizer_config.json``), else this value.
-    bos_id: Optional[int] = None
+    bos_id: Optional[int] = setting(None, ge=0, integer=True)
     #: A local Hugging Face ``tokenizer.json`` (never downloaded). It gives the ids above;
     #: ``data=text``/``stdlib`` are tokenized with it into ``cache_dir`` (the ``tokenizers``
     #: package: ``pip install 'olmx[tokenize]'``); ``data=numpy`` files written by
@@ -101,7 +131,7 @@ class SourceConfig:
     #: all weights (``0.7``/``0.3`` and ``7``/``3`` mix alike); positive. A source with more
     #: tokens than its share contributes the first part of each of its files (OLMo-core's source
     #: mixtures); one with fewer is repeated, which the plan flags.
-    weight: float = 1.0
+    weight: float = setting(1.0, gt=0)
 
 
 @dataclass
@@ -110,7 +140,7 @@ class DataConfig:
 
     #: ``stdlib`` (the ``.py`` files of the running Python's standard library), ``text``
     #: (your text files in ``paths``) or ``numpy`` (pre-tokenized OLMo-core token files).
-    name: str = "stdlib"
+    name: str = setting("stdlib", choices=DATA_SOURCES)
     #: Input files or globs, each matched file read in the given order (a directory is refused:
     #: name its files, ``dir/*.npy``). ``text``: text files, tokenized byte-level. ``numpy``:
     #: OLMo-core token files: raw arrays of ids in the dtype ``data.tokenizer.vocab_size``
@@ -126,7 +156,7 @@ class DataConfig:
     sources: dict[str, SourceConfig] = field(default_factory=dict)
     #: Tokens per training sequence (at most 1,048,576). OLMo-core cuts each token file into
     #: whole sequences; one optimizer step takes ``trainer.global_batch_size`` of them.
-    seq_len: int = 256
+    seq_len: int = setting(256, ge=2, le=MAX_SEQ_LEN)
     #: Token id facts.
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     #: Where tokenized caches of ``stdlib``/``text`` and raw copies of ``np.save``'d ``numpy``
@@ -134,7 +164,7 @@ class DataConfig:
     #: it must be writable, checked at plan time.
     cache_dir: Optional[str] = None
     #: Data-loader worker processes per rank.
-    num_workers: int = 0
+    num_workers: int = setting(0, ge=0)
 
 
 @dataclass
@@ -142,38 +172,38 @@ class TrainerConfig:
     """Optimisation, duration, checkpoints and logging."""
 
     #: Optimizer steps to train for.
-    max_steps: int = 200
+    max_steps: int = setting(200, ge=1)
     #: Stop after this step (a checkpoint is written there) without changing the schedule,
     #: which still runs to ``max_steps``: splits a run into pieces that resume where they stop.
-    stop_at_step: Optional[int] = None
+    stop_at_step: Optional[int] = setting(None, ge=1, integer=True)
     #: Sequences per optimizer step, over the whole world.
-    global_batch_size: int = 16
+    global_batch_size: int = setting(16, ge=1)
     #: Sequences per forward/backward pass on one process (gradients are accumulated
     #: when the global batch needs more).
-    micro_batch_size: int = 8
+    micro_batch_size: int = setting(8, ge=1)
     #: ``skip_step_adamw`` (OLMo-core's ``SkipStepAdamW``, as its OLMo 2/3 training scripts:
     #: AdamW that skips, on the device and without a host sync, a step whose loss or gradient
     #: norm is more than 6 standard deviations above the mean of the last 128 steps, once 64
     #: steps are known) or ``adamw`` (``torch.optim.AdamW``). Multi-tensor kernels on CUDA.
-    optimizer: str = "skip_step_adamw"
+    optimizer: str = setting("skip_step_adamw", choices=OPTIMIZERS)
     #: Peak learning rate.
-    lr: float = 3e-3
+    lr: float = setting(3e-3, gt=0)
     #: AdamW betas.
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    betas: list[float] = setting(factory=lambda: [0.9, 0.95], ge=0, lt=1, length=2)
     #: Decoupled weight decay.
-    weight_decay: float = 0.1
+    weight_decay: float = setting(0.1, ge=0)
     #: Apply the weight decay to the input embeddings too; false (the default) exempts them, as
     #: OLMo-core's OLMo 2/3 training scripts do.
     decay_embeddings: bool = False
     #: Linear warm-up steps.
-    warmup_steps: int = 20
+    warmup_steps: int = setting(20, ge=0)
     #: Learning-rate schedule after warm-up: ``cosine`` (to 10% of the peak), ``linear``
     #: (to 0) or ``constant``.
-    schedule: str = "cosine"
+    schedule: str = setting("cosine", choices=SCHEDULES)
     #: Gradient clipping by global norm (null disables).
-    max_grad_norm: Optional[float] = 1.0
+    max_grad_norm: Optional[float] = setting(1.0, gt=0)
     #: Z-loss multiplier (null disables).
-    z_loss: Optional[float] = None
+    z_loss: Optional[float] = setting(None, ge=0, integer=False)
     #: Seed of initialisation and data order.
     seed: int = 42
     #: Run directory (checkpoints, metrics, logs, plan). Default: a new folder under
@@ -184,16 +214,16 @@ class TrainerConfig:
     #: Resume from the latest checkpoint in ``run_dir`` if there is one; false starts fresh.
     resume: bool = True
     #: Steps between checkpoints (a final checkpoint is always written).
-    save_interval: int = 100
+    save_interval: int = setting(100, ge=1)
     #: Steps between metric records (loss, throughput) in ``metrics.jsonl``; collecting them
     #: syncs the host with the device. null: 10 on CUDA (as OLMo-core's own training scripts:
     #: 10-50), every step on CPUs.
-    log_interval: Optional[int] = None
+    log_interval: Optional[int] = setting(None, ge=1, integer=True)
     #: Activation checkpointing: ``full`` (OLMo-core: every block), ``long_context`` (olmx:
     #: keep attention outputs, recompute feed-forward and norms), null for none, or ``auto``:
     #: the cheapest of none < long_context < full whose estimated peak memory fits the device
     #: (on CPUs: this machine's RAM divided by its processes); the plan says which and why.
-    activation_checkpointing: Optional[str] = None
+    activation_checkpointing: Optional[str] = setting(None, choices=(*AC_MODES, AUTO))
     #: Choose ``micro_batch_size`` from the memory estimate: the largest divisor of the
     #: per-rank batch (``global_batch_size`` / data-parallel ranks) whose estimated peak fits
     #: the device, tried after the layout and checkpointing (a smaller micro-batch only adds
@@ -205,7 +235,7 @@ class TrainerConfig:
     #: table 3: 46.2% MFU for PaLM 540B, 30.2% for Megatron-Turing NLG 530B; OLMo-core's
     #: README has listed 41-48% MFU on H100s for its 7B and 13B scripts). Communication, data
     #: loading and the optimizer step are not modelled. Must be in (0, 1].
-    assumed_mfu: float = 0.4
+    assumed_mfu: float = setting(0.4, gt=0, le=1)
     #: ``torch.compile`` the blocks: ``auto`` (on with CUDA, as OLMo-core's training scripts;
     #: off on CPUs, where inductor compiles slowly for little gain), ``true`` (CUDA only:
     #: OLMo-core 3.0.0 skips compiling where CUDA is missing) or ``false``.
@@ -213,7 +243,7 @@ class TrainerConfig:
     #: What a non-finite (NaN/inf) loss or gradient does: ``stop`` saves a checkpoint of the
     #: last good parameters and stops (``olmx train`` exits with 76); ``skip`` skips that
     #: optimizer step, counts it in the summary and trains on.
-    on_nonfinite: str = "stop"
+    on_nonfinite: str = setting("stop", choices=ON_NONFINITE)
     #: When ``olmx train`` ends (finished, stopped or failed), write the run's report
     #: (``RUN_DIR/report/``: summary table and plots, as ``olmx report RUN_DIR``) and say where.
     report: bool = True
@@ -226,7 +256,7 @@ class EvalConfig:
 
     #: Steps between evaluations; the last step (``trainer.max_steps``) is always evaluated too.
     #: null or 0 disables evaluation (and holds nothing out).
-    interval: Optional[int] = 50
+    interval: Optional[int] = setting(50, ge=0)
     #: Files or globs to evaluate on, in the training data's format and tokenizer (``text``/
     #: ``stdlib``: text files, tokenized as the training data; ``numpy``: token files). Empty: a
     #: held-out slice of the training data (``eval.holdout_sequences``).
@@ -236,17 +266,12 @@ class EvalConfig:
     #: trained on (the training dataset excludes them). Must leave one optimizer step to train on.
     #: null (the default): 32, or no evaluation (the plan says why) where the training data
     #: cannot spare 32 sequences and still fill one optimizer step; a number you set is checked.
-    holdout_sequences: Optional[int] = None
+    holdout_sequences: Optional[int] = setting(None, ge=1, integer=True)
     #: At most this many sequences per evaluation (null: all of the held-out slice or
     #: ``eval.data``); evaluated in batches of ``trainer.micro_batch_size`` sequences per
     #: data-parallel rank, fewer per rank where the evaluated sequences are fewer than one such
     #: batch (whole batches only: at least one sequence per rank).
-    max_sequences: Optional[int] = None
-
-
-#: The value of a setting the plan chooses (``parallel=auto``,
-#: ``trainer.activation_checkpointing=auto``, ``parallel.ulysses.degree=auto``).
-AUTO = "auto"
+    max_sequences: Optional[int] = setting(None, ge=1, integer=True)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from olmx.errors import ConfigError
+from olmx.config.rules import setting
 from olmx.plan import Plan
 from olmx.rundir import RunDir
 
@@ -22,19 +22,12 @@ class TorchrunConfig:
 
     #: torchrun elastic restarts of the whole group after a process fails; each restart
     #: resumes from the newest checkpoint that verifies.
-    max_restarts: int = 0
+    max_restarts: int = setting(0, ge=0)
     #: Seconds torchrun waits, after passing on a stop signal (SIGTERM/SIGINT), for the
     #: processes to finish their step and save a checkpoint before it kills them. Given to
     #: torchrun as ``PET_SHUTDOWN_TIMEOUT`` (its ``--shutdown-timeout``, torch 2.13+); torchrun
     #: of torch 2.11 and 2.12 has no such setting and waits its fixed 30 s.
-    stop_timeout: int = 300
-
-    def check(self) -> None:
-        """ConfigError for a value torchrun cannot take (called when the plan is made)."""
-        if self.max_restarts < 0:
-            raise ConfigError("infra.max_restarts", f"must be 0 or more, got {self.max_restarts}")
-        if self.stop_timeout < 1:
-            raise ConfigError("infra.stop_timeout", f"must be at least 1 second, got {self.stop_timeout}")
+    stop_timeout: int = setting(300, ge=1)
 
 
 def torchrun_env(cfg: TorchrunConfig) -> dict[str, str]:
@@ -64,7 +57,6 @@ def torchrun_flags(cfg: TorchrunConfig, run_dir: str | Path) -> list[str]:
     of every attempt under ``RUN_DIR/logs/torchrun`` (which :mod:`olmx.launch.failures` reads)
     while the ranks' output still reaches the node log. (The stop grace period travels in
     :func:`torchrun_env`.)"""
-    cfg.check()
     return [
         f"--max-restarts={cfg.max_restarts}",
         f"--log-dir={RunDir(run_dir).torchrun_logs}",

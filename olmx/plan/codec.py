@@ -14,6 +14,8 @@ import typing
 from typing import Any, TypeVar, Union
 
 from olmx.api import CONFIG_GROUPS
+from olmx.config import rules
+from olmx.errors import ConfigError, OlmxError
 
 T = TypeVar("T")
 
@@ -128,12 +130,26 @@ def run_from_data(data: dict[str, Any], reg: Any) -> Any:
         if kind == "infra":
             if "name" not in raw:
                 raise PlanDataError(f"config.{group}: missing field(s) name")
+            if not isinstance(raw["name"], str):
+                raise PlanDataError(f"config.{group}.name: expected a string, got {_show(raw['name'])}")
             raw = {raw.pop("name"): raw}
-        sections[group] = {
-            name: from_data(reg.get(kind, name).Config, values or {}, where=f"config.{group}.{name}")
-            for name, values in raw.items()
-        }
+        sections[group] = {}
+        for name, values in raw.items():
+            where = f"config.{group}.{name}"
+            if not isinstance(name, str):
+                raise PlanDataError(f"config.{group}: a plugin name must be a string, got {_show(name)}")
+            try:
+                config_cls = reg.get(kind, name).Config
+            except OlmxError as exc:  # not installed, or broken, here
+                raise PlanDataError(f"{where}: {exc}") from None
+            if values is not None and not isinstance(values, dict):
+                raise PlanDataError(f"{where}: expected a mapping, got {_show(values)}")
+            sections[group][name] = from_data(config_cls, values or {}, where=where)
     run = from_data(RunConfig, data, where="config")
     for group, typed in sections.items():
         setattr(run, group, typed)
+    try:  # a hand-edited value its field forbids is refused here, as olmx train refuses it
+        rules.check(run, "config")
+    except ConfigError as exc:
+        raise PlanDataError(str(exc)) from None
     return run

@@ -16,7 +16,6 @@ from typing import Any
 from olmx.api import Dtypes, World
 from olmx.errors import ConfigError
 
-ATTN_BACKENDS = ("auto", "torch", "flash_2", "flash_3", "te")
 COMPILE_MODES = ("auto", "true", "false")
 #: Metric records per step on CUDA when ``trainer.log_interval`` is null (OLMo-core's scripts
 #: collect every 10-50 steps: collecting syncs the host with the device).
@@ -53,8 +52,6 @@ def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
     m, t = run.model, run.trainer
     half = dtypes.param != "float32"
     backend = m.attn_backend
-    if backend not in ATTN_BACKENDS:
-        raise ConfigError("model.attn_backend", f"'{backend}' is not one of {', '.join(ATTN_BACKENDS)}")
     if backend in ("flash_2", "flash_3", "te") and world.device != "cuda":
         raise ConfigError(
             "model.attn_backend",

@@ -6,7 +6,6 @@ raises :class:`ConfigError` naming the field and the numbers.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from olmx import __version__
 from olmx.api import CLAIMABLE_DIMS, CONFIG_GROUPS, KIND_ORDER, Context, Contribution, Mesh, Plugin, World, check_dtypes
-from olmx.config.schema import AUTO, ModelConfig, RunConfig
+from olmx.config.schema import ModelConfig, RunConfig
 from olmx.data.checks import check_data, check_data_settings, check_eval, default_holdout
 from olmx.data.tokenizer import resolve_tokenizer
 from olmx.errors import ConfigError, OlmxError
@@ -30,15 +29,6 @@ from olmx.writable import check_writable
 
 if TYPE_CHECKING:
     from olmx.plan.auto import Evaluate
-
-BLOCKS = ("default", "reordered_norm")
-SCHEDULES = ("cosine", "linear", "constant")
-OPTIMIZERS = ("skip_step_adamw", "adamw")
-#: ``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block) and olmx's
-#: ``long_context`` (olmx.worker.train.LONG_CONTEXT_AC_MODULES). OLMo-core's ``selected_ops``
-#: is not offered: with torch 2.13 its recompute fails in RoPE ("aten.alias.default invocation
-#: index 4 encountered during backward but not found in storage", benchmarks/results/ulysses.md).
-AC_MODES = ("full", "long_context")
 
 
 def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
@@ -344,9 +334,7 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
 
 
 def _check_model(m: ModelConfig) -> None:
-    for key in ("d_model", "n_layers", "n_heads", "hidden_size"):
-        if getattr(m, key) < 1:
-            raise ConfigError(f"model.{key}", f"must be a positive integer, got {getattr(m, key)}")
+    """The model's rules that join fields (each field's own rule is checked by olmx.config.rules)."""
     if m.d_model % m.n_heads:
         raise ConfigError("model.n_heads", f"{m.n_heads} heads must divide model.d_model={m.d_model}")
     if (m.d_model // m.n_heads) % 2:
@@ -355,50 +343,15 @@ def _check_model(m: ModelConfig) -> None:
             f"model.d_model={m.d_model} / model.n_heads={m.n_heads} makes heads of {m.d_model // m.n_heads} "
             "dimensions; OLMo-core's RoPE rotates pairs of dimensions, so the head dimension must be even",
         )
-    for key in ("init_std", "layer_norm_eps"):
-        value = getattr(m, key)
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"model.{key}", f"must be a positive finite number, got {value}")
-    if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
-        raise ConfigError("model.n_kv_heads", f"{m.n_kv_heads} must be positive and divide model.n_heads={m.n_heads}")
-    if m.block not in BLOCKS:
-        raise ConfigError("model.block", f"'{m.block}' is not one of {', '.join(BLOCKS)}")
+    if m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
+        raise ConfigError("model.n_kv_heads", f"{m.n_kv_heads} must divide model.n_heads={m.n_heads}")
 
 
 def _check_trainer(run: RunConfig) -> None:
+    """The trainer's rules that join fields (each field's own rule is checked by olmx.config.rules)."""
     t = run.trainer
-    for key in ("max_steps", "global_batch_size", "micro_batch_size", "save_interval"):
-        if getattr(t, key) < 1:
-            raise ConfigError(f"trainer.{key}", f"must be a positive integer, got {getattr(t, key)}")
-    if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
+    if t.stop_at_step is not None and t.stop_at_step > t.max_steps:
         raise ConfigError("trainer.stop_at_step", f"{t.stop_at_step} must be in [1, trainer.max_steps={t.max_steps}]")
-    if not (math.isfinite(t.lr) and t.lr > 0):
-        raise ConfigError("trainer.lr", f"must be a positive finite number, got {t.lr}")
-    if not (math.isfinite(t.weight_decay) and t.weight_decay >= 0):
-        raise ConfigError("trainer.weight_decay", f"must be a finite number >= 0, got {t.weight_decay}")
-    if t.max_grad_norm is not None and not (math.isfinite(t.max_grad_norm) and t.max_grad_norm > 0):
-        raise ConfigError(
-            "trainer.max_grad_norm", f"must be a positive finite number or null (no clipping), got {t.max_grad_norm}"
-        )
-    if t.z_loss is not None and not (math.isfinite(t.z_loss) and t.z_loss >= 0):
-        raise ConfigError("trainer.z_loss", f"must be a finite number >= 0 or null (off), got {t.z_loss}")
-    if t.warmup_steps < 0:
-        raise ConfigError("trainer.warmup_steps", f"must be >= 0, got {t.warmup_steps}")
-    if t.schedule not in SCHEDULES:
-        raise ConfigError("trainer.schedule", f"'{t.schedule}' is not one of {', '.join(SCHEDULES)}")
-    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
-        raise ConfigError("trainer.betas", f"must be two numbers in [0, 1), got {list(t.betas)}")
-    if t.optimizer not in OPTIMIZERS:
-        raise ConfigError("trainer.optimizer", f"'{t.optimizer}' is not one of {', '.join(OPTIMIZERS)}")
-    if t.on_nonfinite not in ("stop", "skip"):
-        raise ConfigError("trainer.on_nonfinite", f"'{t.on_nonfinite}' is not one of stop, skip")
-    if t.activation_checkpointing not in (None, *AC_MODES, AUTO):
-        raise ConfigError(
-            "trainer.activation_checkpointing",
-            f"'{t.activation_checkpointing}' is not one of {', '.join(AC_MODES)}, {AUTO}, null",
-        )
-    if not (math.isfinite(t.assumed_mfu) and 0 < t.assumed_mfu <= 1):
-        raise ConfigError("trainer.assumed_mfu", f"must be a number in (0, 1], got {t.assumed_mfu}")
 
 
 def _warnings(run: RunConfig) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from olmx.api import InfraPlugin, World
+from olmx.api import InfraPlugin, World, setting
 from olmx.errors import ConfigError, RunFailed
 from olmx.launch import TorchrunConfig, torchrun_env
 from olmx.rundir import RunDir
@@ -29,15 +29,15 @@ class LocalConfig(TorchrunConfig):
     """Settings of ``infra=local``."""
 
     #: Processes on this machine: one per GPU; null means all GPUs, or 2 CPU processes.
-    nproc_per_node: Optional[int] = None
+    nproc_per_node: Optional[int] = setting(None, ge=1, integer=True)
     #: Machines taking part (start ``olmx run`` the same way on each, see README).
-    nnodes: int = 1
+    nnodes: int = setting(1, ge=1)
     #: This machine's rank among ``nnodes``.
-    node_rank: int = 0
+    node_rank: int = setting(0, ge=0)
     #: Address of node 0 (rendezvous), used when ``nnodes > 1``.
     master_addr: str = "127.0.0.1"
     #: Rendezvous port on node 0, used when ``nnodes > 1``.
-    master_port: int = 29500
+    master_port: int = setting(29500, ge=1, le=65535)
 
 
 def _crowded(kind: str, nproc: int) -> tuple[str, ...]:
@@ -70,14 +70,11 @@ class LocalInfra(InfraPlugin):
         """Processes from the settings and the GPUs ``nvidia-smi`` sees."""
         from olmx.launch.devices import host_memory_gib, local_devices
 
-        cfg.check()
         dev = local_devices()
         nproc = cfg.nproc_per_node if cfg.nproc_per_node is not None else (dev.count or 2)
-        if nproc < 1:
-            raise ConfigError("infra.nproc_per_node", f"must be at least 1, got {nproc}")
         if dev.kind == "cuda" and nproc > dev.count:
             raise ConfigError("infra.nproc_per_node", f"{nproc} processes but this machine has {dev.count} GPU(s)")
-        if cfg.nnodes < 1 or not 0 <= cfg.node_rank < cfg.nnodes:
+        if cfg.node_rank >= cfg.nnodes:
             raise ConfigError("infra.node_rank", f"{cfg.node_rank} must be in [0, infra.nnodes={cfg.nnodes})")
         return World(
             nnodes=cfg.nnodes,

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from olmx.api import Context, Contribution, Layout, ParallelPlugin, World
-from olmx.errors import ConfigError
+from olmx.api import Context, Contribution, Layout, ParallelPlugin, World, setting
 
 
 class DataParallelStrategy(ParallelPlugin):
@@ -60,9 +59,9 @@ class FSDPConfig:
 
     #: OLMo-core wrapping strategy: ``full`` (each block and the LM head), ``blocks`` (each
     #: block; the LM head stays with the root) or ``fine_grained`` (modules inside blocks too).
-    wrapping_strategy: str = "full"
+    wrapping_strategy: str = setting("full", choices=WRAPPING)
     #: Blocks whose all-gather is issued ahead of use (0 = FSDP's default of one).
-    prefetch_factor: int = 0
+    prefetch_factor: int = setting(0, ge=0)
 
 
 class FullyShardedStrategy(DataParallelStrategy):
@@ -71,12 +70,7 @@ class FullyShardedStrategy(DataParallelStrategy):
     provides = ("shard",)
 
     def layout(self, cfg: Any, dp_ranks: int, world: World) -> Layout:
-        """Every parameter sharded over all data-parallel ranks (checks the wrapping strategy)."""
-        if cfg.wrapping_strategy not in WRAPPING:
-            raise ConfigError(
-                f"parallel.{self.name}.wrapping_strategy",
-                f"'{cfg.wrapping_strategy}' is not one of {', '.join(WRAPPING)}",
-            )
+        """Every parameter sharded over all data-parallel ranks."""
         return Layout(replicate=1, shard=dp_ranks, shards_params=True)
 
     def dp_config_kwargs(self, cfg: Any, plan: Any) -> dict[str, Any]:

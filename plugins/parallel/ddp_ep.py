@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from olmx.api import Context, Contribution, Layout, World
-from olmx.errors import ConfigError
+from olmx.api import Context, Contribution, Layout, World, setting
 from olmx_plugins.parallel.data_parallel import DataParallelStrategy
 
 
@@ -21,7 +20,7 @@ class DDPEPConfig:
     """Settings of ``ddp_ep``."""
 
     #: Expert-parallel group size: must divide the number of experts and the world size.
-    degree: int = 2
+    degree: int = setting(2, ge=1)
 
 
 class DDPExpertParallel(DataParallelStrategy):
@@ -39,8 +38,6 @@ class DDPExpertParallel(DataParallelStrategy):
 
     def layout(self, cfg: DDPEPConfig, dp_ranks: int, world: World) -> Layout:
         """Replicas of the dense parameters; ``ep = degree``."""
-        if cfg.degree < 1:
-            raise ConfigError("parallel.ddp_ep.degree", f"must be at least 1, got {cfg.degree}")
         return Layout(replicate=dp_ranks, ep=cfg.degree, ep_field="parallel.ddp_ep.degree")
 
     def resolve(self, cfg: DDPEPConfig, ctx: Context) -> Contribution:

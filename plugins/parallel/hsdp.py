@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from olmx.api import Context, Contribution, Layout, World
+from olmx.api import Context, Contribution, Layout, World, setting
 from olmx.errors import ConfigError
 from olmx_plugins.parallel.data_parallel import FSDPConfig, FullyShardedStrategy
 
@@ -16,9 +16,9 @@ class HSDPConfig(FSDPConfig):
 
     #: Ranks a parameter is sharded over; null means the processes of one node, so that
     #: all-gathers stay inside a node and only gradients cross nodes.
-    shard_degree: Optional[int] = None
+    shard_degree: Optional[int] = setting(None, ge=1, integer=True)
     #: Replica groups; null means data-parallel ranks / shard_degree.
-    num_replicas: Optional[int] = None
+    num_replicas: Optional[int] = setting(None, ge=1, integer=True)
     #: Shard the experts of a MoE model over each dp_shard group (expert-parallel degree =
     #: shard_degree, OLMo-core v1's layout) instead of FSDP-sharding them.
     expert_parallel: bool = False
@@ -32,11 +32,10 @@ class HybridShardedStrategy(FullyShardedStrategy):
     def layout(self, cfg: HSDPConfig, dp_ranks: int, world: World) -> Layout:
         """``dp_replicate x dp_shard`` covering the data-parallel ranks; with
         ``expert_parallel`` the experts are split over each shard group (``ep = dp_shard``)."""
-        super().layout(cfg, dp_ranks, world)  # the wrapping strategy
         shard = cfg.shard_degree
         if shard is None:
             shard = dp_ranks // cfg.num_replicas if cfg.num_replicas else min(world.nproc_per_node, dp_ranks)
-        if shard < 1 or dp_ranks % shard:
+        if shard < 1 or dp_ranks % shard:  # (a default shard is 0 where num_replicas > ranks)
             raise ConfigError("parallel.hsdp.shard_degree", f"{shard} must divide the {dp_ranks} data-parallel ranks")
         replicas = cfg.num_replicas if cfg.num_replicas is not None else dp_ranks // shard
         if replicas * shard != dp_ranks:

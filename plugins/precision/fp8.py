@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from olmx.api import Context, Contribution
+from olmx.api import Context, Contribution, setting
 from olmx.errors import ConfigError
 from olmx_plugins.precision.lowp import (
     LowPrecisionConfig,
@@ -50,7 +50,7 @@ class FP8Config(LowPrecisionConfig):
     """Settings of ``fp8``."""
 
     #: torchao float8 recipe: ``tensorwise`` (SM89+), ``rowwise`` or ``rowwise_with_gw_hp`` (SM90+).
-    recipe: str = "tensorwise"
+    recipe: str = setting("tensorwise", choices=tuple(RECIPES))
 
 
 class FP8Precision(LowPrecisionPlugin):
@@ -66,8 +66,6 @@ class FP8Precision(LowPrecisionPlugin):
         and the kept linear layers; the layers' ``[in, out]`` names the plan and the worker agree on."""
         if missing := missing_torchao():
             raise ConfigError("precision.fp8", missing)
-        if cfg.recipe not in RECIPES:
-            raise ConfigError("precision.fp8.recipe", f"'{cfg.recipe}' is not one of {', '.join(RECIPES)}")
         need, world = RECIPES[cfg.recipe], ctx.world
         cc = world.compute_capability
         native = world.device == "cuda" and (cc is None or cc >= need)

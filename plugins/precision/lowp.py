@@ -9,7 +9,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from olmx.api import Context, Dtypes, Mesh, PrecisionPlugin, World
+from olmx.api import Context, Dtypes, Mesh, PrecisionPlugin, World, setting
 from olmx.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class MXFP8Config(LowPrecisionConfig):
     #: How each block's E8M0 scale is chosen: ``rceil`` (2^ceil(log2(amax/448)), no element
     #: saturates; NVIDIA cuBLAS, OLMo-core's standard recipe) or ``floor`` (OCP's basic rule;
     #: saturates the largest elements of a block).
-    scale_calculation_mode: str = "rceil"
+    scale_calculation_mode: str = setting("rceil", choices=SCALE_MODES)
 
 
 def keep_reason(

@@ -39,7 +39,6 @@ from olmx.errors import ConfigError
 from olmx_plugins.precision.lowp import (
     BLOCK_SIZE,
     MIN_COMPUTE_CAPABILITY,
-    SCALE_MODES,
     LowPrecisionPlugin,
     MXFP8Config,
     hardware,
@@ -66,11 +65,6 @@ class MXFP8Precision(LowPrecisionPlugin):
         run, world = ctx.run, ctx.world
         if missing := missing_torchao():
             raise ConfigError("precision.mxfp8", missing)
-        if cfg.scale_calculation_mode not in SCALE_MODES:
-            raise ConfigError(
-                "precision.mxfp8.scale_calculation_mode",
-                f"'{cfg.scale_calculation_mode}' is not one of {', '.join(SCALE_MODES)}",
-            )
         cc = world.compute_capability
         native = world.device == "cuda" and (cc is None or cc >= MIN_COMPUTE_CAPABILITY)
         if not native and not cfg.emulate:

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path, PurePosixPath
 
 from olmx.errors import ConfigError
-
-
-def require_package(package: str, *, extra: str, field: str) -> None:
-    """Refuse the plan when ``package`` cannot be imported here (looked up, not imported)."""
-    if importlib.util.find_spec(package) is None:
-        raise ConfigError(field, f"needs the {package} package, which is not installed: pip install 'olmx[{extra}]'")
 
 
 def check_dir(value: str, *, field: str) -> str:

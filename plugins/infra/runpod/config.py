@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from olmx.api import setting
 from olmx.launch import TorchrunConfig
 
 #: RunPod's PyTorch image with torch 2.13.0 (the newest in olmx's range). Why this tag: it is the CUDA 13.0
@@ -41,15 +42,15 @@ class RunPodConfig(TorchrunConfig):
     gpu_types: list[str] = field(default_factory=list)
     #: GPUs per pod; 0 makes a CPU pod (``cpu_flavor``, ``vcpus``): a cheap check that a run
     #: starts. Null: 1 for one pod, 8 for a cluster (RunPod's instant-cluster nodes have 8).
-    gpus_per_node: Optional[int] = None
+    gpus_per_node: Optional[int] = setting(None, ge=0, integer=True)
     #: Worker processes per pod; null means one per GPU, or 2 on a CPU pod.
-    nproc_per_node: Optional[int] = None
+    nproc_per_node: Optional[int] = setting(None, ge=1, integer=True)
     #: Pods; more than one makes a RunPod instant cluster (GPU pods on a private network).
-    nodes: int = 1
+    nodes: int = setting(1, ge=1)
     #: CPU pods: RunPod CPU flavor.
     cpu_flavor: str = "cpu3c"
     #: CPU pods: vCPUs.
-    vcpus: int = 4
+    vcpus: int = setting(4, ge=2)
     #: Container image; it must bring a torch in olmx's supported range (the bootstrap checks it).
     image: str = DEFAULT_IMAGE
     #: Only hosts whose driver supports at least this CUDA version (the image's build needs it).
@@ -58,7 +59,7 @@ class RunPodConfig(TorchrunConfig):
     #: null: none. Never built from source.
     flash_attn_wheel: Optional[str] = DEFAULT_FLASH_ATTN_WHEEL
     #: Container disk in GB: local NVMe holding the run (wiped when the pod stops).
-    container_disk_gb: int = 100
+    container_disk_gb: int = setting(100, ge=1)
     #: Attach this network volume at /runpod-volume (none by default: too slow to train from).
     network_volume_id: Optional[str] = None
     #: ``SECURE`` or ``COMMUNITY`` cloud (single pods).
@@ -98,17 +99,17 @@ class RunPodConfig(TorchrunConfig):
     ship_data: bool = True
     #: Refuse to ship more than this many GB of data files (copying goes through SSH with the
     #: run); put larger data on a network volume or in the image and set ``ship_data=false``.
-    ship_data_max_gb: float = 1.0
+    ship_data_max_gb: float = setting(1.0, ge=0)
     #: SSH private key for the pods (``ssh -i``); null: ssh's defaults and agent. Its public
     #: key must be registered with RunPod (checked before a pod is created).
     ssh_key: Optional[str] = None
     #: Seconds to wait for the pods to run with SSH before giving up (and terminating them).
-    wait_timeout: float = 1200.0
+    wait_timeout: float = setting(1200.0, gt=0)
     #: Seconds to wait, once a pod runs with its SSH port published, until its sshd answers
     #: (it can still be starting); after that the pods olmx created are terminated.
-    ssh_wait_timeout: float = 300.0
+    ssh_wait_timeout: float = setting(300.0, gt=0)
     #: Seconds between two looks at the pods (API while starting, SSH while training).
-    poll_seconds: float = 10.0
+    poll_seconds: float = setting(10.0, gt=0)
 
     def gpus(self) -> int:
         """GPUs per pod: ``gpus_per_node``, or its default (1 for one pod, 8 for a cluster)."""

@@ -74,12 +74,7 @@ class RunPodInfra(InfraPlugin):
         from olmx.launch.devices import gpu_compute_capability, gpu_memory_gib
         from olmx_plugins.infra.runpod.spec import CloudType
 
-        cfg.check()
         gpus = cfg.gpus()
-        if cfg.nodes < 1:
-            raise ConfigError("infra.nodes", f"must be at least 1, got {cfg.nodes}")
-        if gpus < 0:
-            raise ConfigError("infra.gpus_per_node", f"must be 0 (a CPU pod) or more, got {gpus}")
         if cfg.nodes > 1 and not gpus:
             raise ConfigError("infra.nodes", "several nodes make an instant cluster, which has GPU pods only")
         if cfg.pod_id and cfg.nodes > 1:
@@ -88,13 +83,10 @@ class RunPodInfra(InfraPlugin):
             raise ConfigError("infra.cluster_id", "a cluster has at least 2 nodes: set infra.nodes")
         if cfg.cloud not in CloudType.__members__:
             raise ConfigError("infra.cloud", f"'{cfg.cloud}' is not one of {', '.join(CloudType.__members__)}")
-        for key in ("wait_timeout", "ssh_wait_timeout", "poll_seconds"):
-            if getattr(cfg, key) <= 0:
-                raise ConfigError(f"infra.{key}", f"must be positive, got {getattr(cfg, key)}")
         self._check_gpu_types(cfg, gpus, gpu_compute_capability)
         self._check_env(cfg)
         nproc = cfg.nproc_per_node if cfg.nproc_per_node is not None else (gpus or 2)
-        if nproc < 1 or (gpus and nproc > gpus):
+        if gpus and nproc > gpus:
             raise ConfigError("infra.nproc_per_node", f"{nproc} processes per pod with infra.gpus_per_node={gpus}")
         # Every body RunPod could get is valid (pass_env's values are only known at launch).
         self.candidates(cfg, name="olmx-check", env={**self.pod_env(cfg, values=False)})

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from olmx.api import InfraPlugin, World
+from olmx.api import InfraPlugin, World, setting
 from olmx.errors import ConfigError, LaunchError, RunFailed
 from olmx.launch import TorchrunConfig, torchrun_env
 from olmx.rundir import RunDir, tail
+from olmx_plugins.infra.slurm.jobs import CONTAINER_RUNTIMES, GPU_REQUESTS
 
 #: File in the run directory that holds the submitted batch script.
 SCRIPT_FILE = "sbatch.sh"
@@ -66,7 +67,7 @@ class SlurmContainerConfig:
     #: ``pyxis`` (``srun --container-image``; enroot images: ``nvcr.io#nvidia/pytorch:25.01-py3``,
     #: a ``.sqsh`` file), ``apptainer`` or ``singularity`` (``apptainer exec IMAGE`` inside each
     #: srun task, ``--nv`` with GPUs; a ``.sif`` file, a sandbox folder, ``docker://...``).
-    runtime: str = "pyxis"
+    runtime: str = setting("pyxis", choices=CONTAINER_RUNTIMES)
     #: The image; null: no container (the nodes' own environment).
     image: Optional[str] = None
     #: Host paths seen in the container, each ``/src:/dst`` or ``/src:/dst:ro`` (pyxis
@@ -84,19 +85,19 @@ class SlurmConfig(TorchrunConfig):
     """Settings of ``infra=slurm``."""
 
     #: Nodes of the job (``--nodes``); one torchrun runs on each.
-    nodes: int = 1
+    nodes: int = setting(1, ge=1)
     #: GPUs per node (``--gpus-per-node``, or ``--gres`` with ``infra.gpu_request=gres``); 0
     #: trains on CPUs.
-    gpus_per_node: int = 0
+    gpus_per_node: int = setting(0, ge=0)
     #: How the job asks for GPUs: ``gpus-per-node`` (``--gpus-per-node=N``, ``=h100:N`` with a
     #: type) or ``gres`` (``--gres=gpu:N``, ``gpu:h100:N``: for clusters that configure GPUs
     #: only as generic resources); srun is given the same option.
-    gpu_request: str = "gpus-per-node"
+    gpu_request: str = setting("gpus-per-node", choices=GPU_REQUESTS)
     #: Slurm's GPU type name (the cluster's gres.conf ``Type``, e.g. ``h100``) in that option;
     #: null: any GPU. (``infra.gpu_name`` is the model olmx plans for.)
     gpu_type: Optional[str] = None
     #: Worker processes per node; null means one per GPU, or 2 CPU processes.
-    nproc_per_node: Optional[int] = None
+    nproc_per_node: Optional[int] = setting(None, ge=1, integer=True)
     #: GPU model of the nodes (e.g. ``NVIDIA H100 80GB HBM3``): shown in the plan, and its
     #: compute capability is what the precision plugins check (e.g. MXFP8 needs SM100).
     gpu_name: Optional[str] = None
@@ -112,7 +113,7 @@ class SlurmConfig(TorchrunConfig):
     exclusive: bool = True
     #: CPUs of each node's task (``--cpus-per-task``, given to srun too): torchrun and all its
     #: workers. null: every CPU of the node (with ``infra.exclusive``).
-    cpus_per_task: Optional[int] = None
+    cpus_per_task: Optional[int] = setting(None, ge=1, integer=True)
     #: Memory per node (``--mem``, e.g. ``500G``; ``0``: all of it). null: all of it with
     #: ``infra.exclusive`` (``--mem=0``), else the cluster's default.
     mem: Optional[str] = None
@@ -126,7 +127,7 @@ class SlurmConfig(TorchrunConfig):
     #: SIGTERM the job this many seconds before its time limit, so that the workers can save
     #: a checkpoint (``--signal=B:TERM@N``); at least ``infra.stop_timeout``. null:
     #: ``infra.stop_timeout`` + 60.
-    signal_seconds: Optional[int] = None
+    signal_seconds: Optional[int] = setting(None, ge=1, integer=True)
     #: Let Slurm requeue the job (pre-emption, node failure); a run that saved a checkpoint
     #: and stopped requeues it too. It resumes from its last checkpoint in the same run
     #: directory; olmx follows it through its next runs.
@@ -135,7 +136,7 @@ class SlurmConfig(TorchrunConfig):
     #: than this many times (``SLURM_RESTART_COUNT``, Slurm's own requeues included); then it
     #: ends with exit code 75 (rerun the same ``olmx train`` to resume). A run longer than
     #: ``max_requeues + 1`` time limits needs more.
-    max_requeues: int = 3
+    max_requeues: int = setting(3, ge=0)
     #: Submit, print the job id and return at once (then ``olmx jobs status RUN_DIR``).
     detach: bool = False
     #: Python on the nodes that runs torchrun and ``olmx run`` (it needs olmx installed);
@@ -151,7 +152,7 @@ class SlurmConfig(TorchrunConfig):
     #: ones olmx sets from its own settings (``--mem``: ``infra.mem``, ...).
     extra_sbatch_args: list[str] = field(default_factory=list)
     #: Seconds between two questions to Slurm while following the job.
-    poll_seconds: float = 5.0
+    poll_seconds: float = setting(5.0, gt=0)
 
 
 class SlurmInfra(InfraPlugin):
@@ -401,7 +402,6 @@ def _check(cfg: SlurmConfig) -> None:
     """ConfigError, naming the key, for settings that do not fit together."""
     from olmx_plugins.infra.slurm import jobs
 
-    cfg.check()
     if cfg.container_image is not None:
         raise ConfigError(
             "infra.container_image",
@@ -411,25 +411,14 @@ def _check(cfg: SlurmConfig) -> None:
         raise ConfigError(
             "infra.container_mounts", "replaced by infra.container.mounts, a list: infra.container.mounts=[/src:/dst]"
         )
-    if cfg.gpu_request not in jobs.GPU_REQUESTS:
-        raise ConfigError(
-            "infra.gpu_request", f"'{cfg.gpu_request}' is not allowed; allowed: {', '.join(jobs.GPU_REQUESTS)}"
-        )
     if cfg.gpu_type is not None and not cfg.gpus_per_node:
         raise ConfigError("infra.gpu_type", f"'{cfg.gpu_type}' set, but infra.gpus_per_node=0 asks for no GPUs")
-    if cfg.container.runtime not in jobs.CONTAINER_RUNTIMES:
-        raise ConfigError(
-            "infra.container.runtime",
-            f"'{cfg.container.runtime}' is not allowed; allowed: {', '.join(jobs.CONTAINER_RUNTIMES)}",
-        )
     if not cfg.exclusive and cfg.cpus_per_task is None:
         raise ConfigError(
             "infra.cpus_per_task",
             "with infra.exclusive=false set the CPUs of each node's task (torchrun and its workers), "
             "e.g. infra.cpus_per_task=16; else Slurm gives it one CPU",
         )
-    if cfg.max_requeues < 0:
-        raise ConfigError("infra.max_requeues", f"must be 0 or more, got {cfg.max_requeues}")
     for arg in cfg.extra_sbatch_args:
         name = arg.split("=", 1)[0]
         instead = OWN_OPTIONS.get(name)

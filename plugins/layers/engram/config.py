@@ -1,10 +1,11 @@
 """``layers=[engram]``: the one config of the Engram plugin, and what is derived from it.
 
 :class:`EngramLayerConfig` is what users write (Hydra schema, ``olmx plugins show engram``).
-The plugin's ``resolve`` is the one place that validates it (``olmx.errors.ConfigError`` at
-plan time); the OLMo-core-side :class:`~.block.EngramConfig` is built from the validated
-config (``EngramLayer.engram_config``, with :func:`layer_ids` and :func:`vocab_sizes` resolving
-its nulls against the model), takes its defaults from this class and checks nothing again.
+Its fields declare their own rules (``olmx.api.setting``, checked before ``resolve``); the
+plugin's ``resolve`` checks what joins them (``olmx.errors.ConfigError`` at plan time). The
+OLMo-core-side :class:`~.block.EngramConfig` is built from the validated config
+(``EngramLayer.engram_config``, with :func:`layer_ids` and :func:`vocab_sizes` resolving its
+nulls against the model), takes its defaults from this class and checks nothing again.
 Torch-free: the plan imports this module.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
+from olmx.api import setting
 
 #: Values of ``sharding``: ``auto`` and those of :class:`~.sharding.TableSharding`.
 SHARDINGS = ("auto", "replicated", "1d", "2d")
@@ -35,20 +38,20 @@ class EngramLayerConfig:
     #: ``[1, n_layers // 2]`` (the official demo's [1, 15] for its 30 layers, where the paper
     #: says "2 and 15"; read the same way, the paper's best pair in its 12-layer ablation,
     #: "2 and 6", is [1, 6]; deeper placement is worse there); [1] for 2 or 3 blocks, [0] for one.
-    layer_ids: Optional[list[int]] = None
+    layer_ids: Optional[list[int]] = setting(None, ge=0, items=True, integer=True)
     #: N: hash n-grams of orders 2..N (also the convolution's dilation).
-    max_ngram_size: int = 3
+    max_ngram_size: int = setting(3, ge=2)
     #: K: hash heads (tables) per order.
-    n_head_per_ngram: int = 8
+    n_head_per_ngram: int = setting(8, ge=1)
     #: Width of one order's concatenated heads (each head's rows are this / K wide).
-    n_embed_per_ngram: int = 512
+    n_embed_per_ngram: int = setting(512, ge=1)
     #: Configured rows of each head's table, per order (N-1 entries; the real sizes are the
     #: next unused primes above); null: 5 x the padded vocabulary, as the demo (129280 x 5).
-    vocab_size_per_ngram: Optional[list[int]] = None
+    vocab_size_per_ngram: Optional[list[int]] = setting(None, ge=2, items=True, integer=True)
     #: Kernel of the causal depthwise convolution.
-    kernel_size: int = 4
+    kernel_size: int = setting(4, ge=1)
     #: Seed of the hash multipliers (numpy default_rng(seed + 10007 * layer)).
-    seed: int = 0
+    seed: int = setting(0, ge=0)
     #: Start the convolution at zero (the paper); false: Conv1d's default init (the demo).
     zero_init_conv: bool = True
     #: Collapse token ids that normalise to the same text (NFKC, NFD, strip accents,
@@ -59,20 +62,20 @@ class EngramLayerConfig:
     #: ``1d`` where the world has more than one rank and the tables' replicated training state
     #: (16 bytes a parameter: weight, gradient, Adam's moments) exceeds
     #: :data:`AUTO_SHARD_MIN_BYTES` (1 GiB) per rank, else ``replicated``; the plan says which.
-    sharding: str = "auto"
+    sharding: str = setting("auto", choices=SHARDINGS)
     #: Ranks per shard group for ``sharding=2d``.
-    shard_degree: Optional[int] = None
+    shard_degree: Optional[int] = setting(None, ge=1, integer=True)
     #: Learning-rate multiplier of the tables' own parameter group (the paper: Adam, 5x the
     #: backbone's learning rate).
-    table_lr_multiplier: float = 5.0
+    table_lr_multiplier: float = setting(5.0, gt=0)
     #: Weight decay of the tables' group (the paper: none).
-    table_weight_decay: float = 0.0
+    table_weight_decay: float = setting(0.0, ge=0)
     #: Weight decay of Engram's parameters that are not matrices: the convolution kernel, the
     #: three RMSNorm gains and the two projection biases (the paper does not say); null:
     #: ``trainer.weight_decay``, as the backbone's own norm gains get. The key and value
     #: projections' matrices train with the backbone's learning rate and weight decay (the
     #: paper's backbone optimizer, Muon there).
-    non_matrix_weight_decay: Optional[float] = None
+    non_matrix_weight_decay: Optional[float] = setting(None, ge=0)
     #: Standard deviation of the table initialisation; null: ``model.init_std``, the host
     #: embeddings' (OLMo-core: 0.02). The demo draws its tables and its token embeddings (its
     #: residual stream) both from N(0, 1); olmx keeps that ratio, so that Engram's output at
@@ -81,7 +84,7 @@ class EngramLayerConfig:
     #: 1.0) for the same reason. Measured over 150 steps of engram_tiny: loss 1.54 (1.75 with
     #: 1.0); with OLMo 3-style blocks instead (reordered norm, QK-norm, eps 1e-6), whose
     #: residual at block 1 is ~0.75 at init, 0.02 still beats a std matched to it (1.66 / 1.75).
-    table_init_std: Optional[float] = None
+    table_init_std: Optional[float] = setting(None, gt=0)
 
 
 def default_layer_ids(n_layers: int) -> list[int]:

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from olmx.api import Context, Contribution, TrackerPlugin
-from olmx.errors import ConfigError
-from olmx_plugins.trackers.common import check_dir, require_package, tracker_dir
+from olmx.api import Context, Contribution, TrackerPlugin, require_package, setting
+from olmx_plugins.trackers.common import check_dir, tracker_dir
 
 
 @dataclass
@@ -36,7 +35,7 @@ class TensorBoardConfig:
     dir: str = "tensorboard"
     #: Seconds between writes of pending events to disk while training (``SummaryWriter``'s
     #: ``flush_secs``); everything is written when training ends, however it ends.
-    flush_secs: int = 30
+    flush_secs: int = setting(30, ge=1)
 
 
 class TensorBoard(TrackerPlugin):
@@ -52,8 +51,6 @@ class TensorBoard(TrackerPlugin):
         shown = check_dir(cfg.dir, field=f"{self.section}.dir")
         if Path(cfg.dir).is_absolute():
             shown = f"{shown}/<run directory's name>"
-        if cfg.flush_secs < 1:
-            raise ConfigError(f"{self.section}.flush_secs", f"{cfg.flush_secs} must be at least 1 second")
         require_package("tensorboard", extra="tensorboard", field=self.section)
         return Contribution(
             rows=[("writes", f"offline: {shown} (every metric, the config and the plan; tensorboard --logdir)")]

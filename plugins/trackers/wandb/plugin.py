@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from olmx.api import Context, Contribution, TrackerPlugin
+from olmx.api import Context, Contribution, TrackerPlugin, require_package, setting
 from olmx.errors import ConfigError
-from olmx_plugins.trackers.common import check_dir, require_package, tracker_dir
+from olmx_plugins.trackers.common import check_dir, tracker_dir
 
 #: ``trackers.wandb.mode`` values.
 MODES = ("offline", "online")
@@ -41,7 +41,7 @@ class WandBConfig:
     #: later with ``wandb sync``) or ``online`` (sent to the W&B server while training; needs
     #: ``WANDB_API_KEY`` in the environment of the launch and of the processes that train, never
     #: in the config).
-    mode: str = "offline"
+    mode: str = setting("offline", choices=MODES)
     #: W&B project.
     project: str = "olmx"
     #: W&B entity (user or team); null: the API key's default entity.
@@ -74,8 +74,6 @@ class WandB(TrackerPlugin):
     def resolve(self, cfg: WandBConfig, ctx: Context) -> Contribution:
         """Check the mode (online: the key is in the environment), the folder and the server;
         say where the data goes."""
-        if cfg.mode not in MODES:
-            raise ConfigError(f"{self.section}.mode", f"'{cfg.mode}' is not one of {', '.join(MODES)}")
         shown = check_dir(cfg.dir, field=f"{self.section}.dir")
         if cfg.base_url is not None and not cfg.base_url.startswith(("http://", "https://")):
             raise ConfigError(f"{self.section}.base_url", f"'{cfg.base_url}' is not an http:// or https:// URL")

@@ -37,8 +37,8 @@ TINY_MOE = [
             "3 must be between 1 and layers.moe.num_experts=2",
         ),
         (["layers.moe.gating=relu"], "layers.moe.gating", "softmax, sigmoid"),
-        (["layers.moe.capacity_factor=0"], "layers.moe.capacity_factor", "must be positive, got 0"),
-        (["layers.moe.bias_gamma=-0.001"], "layers.moe.bias_gamma", "must be positive (null: off), got -0.001"),
+        (["layers.moe.capacity_factor=0"], "layers.moe.capacity_factor", "a positive finite number or null, got 0"),
+        (["layers.moe.bias_gamma=-0.001"], "layers.moe.bias_gamma", "a positive finite number or null, got -0.001"),
         (["layers.moe.blocks=[0,7]"], "layers.moe.blocks", "[7] outside [0, model.n_layers=2)"),
         (
             ["parallel=[ddp_ep]", "parallel.ddp_ep.degree=2", "layers.moe.num_experts=3", "layers.moe.top_k=1"],

@@ -1,0 +1,175 @@
+"""Constraints on config values, declared once next to each field and checked by one checker.
+
+A field declares what it allows with :func:`setting` in place of a bare default::
+
+    #: Optimizer steps to train for.
+    max_steps: int = setting(200, ge=1)
+    #: Learning-rate schedule after warm-up.
+    schedule: str = setting("cosine", choices=("cosine", "linear", "constant"))
+
+:func:`check` walks a config dataclass (its nested sections and dicts of sections) and raises
+:class:`~olmx.errors.ConfigError` naming the first field whose value its rule refuses, what the
+rule allows and what was given. :func:`olmx.config.compose.to_object` runs it over the run
+config and every plugin's ``Config`` before anything is derived from the values, so no later
+code meets a value its field forbids. :func:`allowed` is the same rule as text: ``olmx plugins
+show`` and the schema docs print it. A ``None`` value is always allowed here (an ``Optional``
+field's "off"); rules joining several fields (a divisibility, a bound that is another field)
+stay with the code that owns those fields. Plugins declare their fields' rules the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from olmx.errors import ConfigError
+
+__all__ = ["Rule", "setting", "rule_of", "allowed", "check"]
+
+#: The ``dataclasses.field`` metadata key a :class:`Rule` is stored under.
+RULE_KEY = "olmx.rule"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one field allows. Numeric bounds also require a finite number; on a list field
+    (``items=True``) they apply to each item."""
+
+    #: Smallest allowed value (inclusive).
+    ge: float | None = None
+    #: Allowed values are above this one.
+    gt: float | None = None
+    #: Largest allowed value (inclusive).
+    le: float | None = None
+    #: Allowed values are below this one.
+    lt: float | None = None
+    #: The allowed values of a string field.
+    choices: tuple[str, ...] | None = None
+    #: The exact number of items of a list field.
+    length: int | None = None
+    #: The numeric bounds apply to each item of a list field.
+    items: bool = False
+    #: An integer field (the text says "integer").
+    integer: bool = False
+
+    def describe(self) -> str:
+        """The allowed values in words: ``a positive integer``, ``a number in (0, 1]``, ..."""
+        if self.choices is not None:
+            return f"one of {', '.join(self.choices)}"
+        bounds = self._bounds()
+        if self.length is not None:
+            return f"{self.length} numbers" + (f", each {bounds}" if bounds else "")
+        return f"each {bounds}" if self.items and bounds else bounds
+
+    def _bounds(self) -> str:
+        low, high = _first(self.ge, self.gt), _first(self.le, self.lt)
+        noun = "an integer" if self.integer else "a number"
+        if low is not None and high is not None:
+            left, right = "[" if self.ge is not None else "(", "]" if self.le is not None else ")"
+            return f"{noun} in {left}{_num(low)}, {_num(high)}{right}"
+        if high is None and (self.ge == 1 if self.integer else self.gt == 0):
+            return "a positive integer" if self.integer else "a positive finite number"
+        noun = noun if self.integer else "a finite number"
+        if low is not None:
+            return f"{noun} {'>=' if self.ge is not None else '>'} {_num(low)}"
+        if high is not None:
+            return f"{noun} {'<=' if self.le is not None else '<'} {_num(high)}"
+        return ""
+
+    def refuses(self, value: Any) -> bool:
+        """Whether ``value`` (not None) breaks this rule."""
+        if self.choices is not None:
+            return value not in self.choices
+        if self.length is not None and (not isinstance(value, (list, tuple)) or len(value) != self.length):
+            return True
+        values = list(value) if self.items or self.length is not None else [value]
+        return any(self._out_of_bounds(v) for v in values)
+
+    def _out_of_bounds(self, v: Any) -> bool:
+        if not any(b is not None for b in (self.ge, self.gt, self.le, self.lt)):
+            return False
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return True
+        return (
+            (self.ge is not None and v < self.ge)
+            or (self.gt is not None and v <= self.gt)
+            or (self.le is not None and v > self.le)
+            or (self.lt is not None and v >= self.lt)
+        )
+
+
+def _first(a: float | None, b: float | None) -> float | None:
+    return a if a is not None else b
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Any = dataclasses.MISSING,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    length: int | None = None,
+    items: bool = False,
+    integer: bool | None = None,
+) -> Any:
+    """A dataclass field with ``default`` (or ``factory``) and the rule its values obey.
+    ``integer`` defaults to whether ``default`` is an int (the text says "integer")."""
+    if integer is None:
+        integer = isinstance(default, int) and not isinstance(default, bool)
+    rule = Rule(ge=ge, gt=gt, le=le, lt=lt, choices=choices, length=length, items=items, integer=integer)
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata={RULE_KEY: rule})
+    return dataclasses.field(default=default, metadata={RULE_KEY: rule})
+
+
+def rule_of(f: dataclasses.Field) -> Rule | None:
+    """The rule a dataclass field declares (None: only its type)."""
+    rule = f.metadata.get(RULE_KEY)
+    return rule if isinstance(rule, Rule) else None
+
+
+def allowed(f: dataclasses.Field) -> str:
+    """What ``f`` allows, in words (empty: anything its type admits)."""
+    rule = rule_of(f)
+    return rule.describe() if rule else ""
+
+
+def check(config: Any, where: str) -> None:
+    """Raise :class:`ConfigError` at the first field of the dataclass instance ``config`` (at
+    dotted path ``where``) whose value its rule refuses; nested sections and dicts of sections
+    (``data.sources.NAME``) are walked too."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        key = f"{where}.{f.name}" if where else f.name
+        rule = rule_of(f)
+        if rule is not None and value is not None and rule.refuses(value):
+            raise ConfigError(key, _message(rule, value, optional=_optional(f)))
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check(value, key)
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                if dataclasses.is_dataclass(item) and not isinstance(item, type):
+                    check(item, f"{key}.{name}")
+
+
+def _optional(f: dataclasses.Field) -> bool:
+    """Whether ``f`` admits null (``Optional[...]``), read from its annotation."""
+    text = f.type if isinstance(f.type, str) else repr(f.type)
+    return text.startswith("Optional[") or "None" in text
+
+
+def _message(rule: Rule, value: Any, *, optional: bool) -> str:
+    """Today's form: ``'x' is not one of a, b`` for a choice, ``must be ..., got v`` otherwise."""
+    if rule.choices is not None:
+        return f"'{value}' is not one of {', '.join(rule.choices)}{', null' if optional else ''}"
+    shown = list(value) if isinstance(value, (list, tuple)) else value
+    return f"must be {rule.describe()}{' or null' if optional else ''}, got {shown}"
