@@ -19,13 +19,15 @@ into the run's model in one process on this machine, as ``olmx generate`` loads 
   MoE included.
 
 Export never overwrites: ``--out`` must not exist (``hf``: or be an empty directory). The
-files are written beside it under a temporary name and renamed into place when complete.
+files are written beside it under a temporary name and renamed into place when complete; the
+partial copy of an export that was killed is removed by the next export to the same ``--out``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,31 @@ def _check_out(out: Path, *, directory: bool) -> Path:
     return out
 
 
+def _temporary(out: Path) -> Path:
+    """Where the export is written before it is renamed to ``out``: ``.OUT.olmx-export-PID``
+    beside it. Those of exports that were killed (their process is gone) are removed first:
+    olmx named them, and a killed export leaves its partial copy nowhere else."""
+    stale = re.compile(rf"\.{re.escape(out.name)}\.olmx-export-(\d+)")
+    for path in out.parent.iterdir():
+        m = stale.fullmatch(path.name)
+        if m and not _alive(int(m.group(1))):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+    return out.with_name(f".{out.name}.olmx-export-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _tokenizer_file(plan: Any) -> Path | None:
     """The run's local ``tokenizer.json`` (None: byte-level, or no file named)."""
     tok = plan.run.data.tokenizer
@@ -93,7 +120,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, step: int | None = None) 
 
     ckpt = verified_checkpoint(run_dir, step)
     offline()
-    tmp = out.with_name(f".{out.name}.olmx-export-{os.getpid()}")
+    tmp = _temporary(out)
     try:
         n = _with_model(plan, reg, ckpt, lambda model: _save_hf(model, plan, arch, tmp))
         if tokenizer is not None:
@@ -120,7 +147,7 @@ def export_torch(run_dir: str | Path, out: str | Path, *, step: int | None = Non
     from olmx.local_model import verified_checkpoint
 
     ckpt = verified_checkpoint(run_dir, step)
-    tmp = out.with_name(f".{out.name}.olmx-export-{os.getpid()}")
+    tmp = _temporary(out)
     try:
         n = _with_model(plan, reg, ckpt, lambda model: _save_torch(model, tmp))
         tmp.replace(out)

@@ -53,14 +53,14 @@ class RunData:
 
 def load_run(run_dir: str | Path) -> RunData:
     """Read a run directory (ConfigError if it is not one)."""
-    import yaml
+    from olmx.plan import Plan
 
     path = Path(run_dir).expanduser()
     rd = RunDir(path)
     plan_path = rd.plan
     if not plan_path.is_file():
         raise ConfigError("RUN_DIR", f"'{path}' is not an olmx run directory (it has no plan.yaml)")
-    plan = yaml.safe_load(plan_path.read_text())
+    plan = Plan.load(plan_path).to_dict()  # the one guarded reader: a cut or hand-broken file is one line
     records = []
     metrics = rd.metrics
     if metrics.exists():

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from olmx.errors import ConfigError, LaunchError
+from olmx.writable import write_text_atomic
 
 PLAN_FILE = "plan.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -143,9 +144,7 @@ class RunDir:
         """Record what an infra target launched (``launch.json``), replacing an older record."""
         path = self.path / LAUNCH_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".json.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(record, indent=2) + "\n")
 
     def read_launch(self, infra: str) -> dict[str, Any]:
         """The launch record; :class:`LaunchError` when ``infra`` launched nothing here."""

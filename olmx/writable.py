@@ -1,7 +1,7 @@
 """How olmx writes files. One writability rule for everything olmx will write (the run
 directory, the token cache, ``--out``): try to create what will be written, a directory and a
 file in it, where it would be created, and remove both at once (:func:`check_writable`). And one
-way to write a file whole or not at all (:func:`atomic_file`).
+way to write a file whole or not at all (:func:`atomic_file`, :func:`write_text_atomic`).
 
 Never ``os.access``: it answers from permission bits, which root ignores, so it says yes for
 root on read-only mounts and on pseudo-filesystems such as ``/proc``, where nothing can be
@@ -64,3 +64,13 @@ def atomic_file(out: Path) -> Iterator[BinaryIO]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(out: Path, text: str, *, durable: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``out`` whole or not at all (:func:`atomic_file`); ``durable``
+    also flushes it to the disk before it replaces ``out`` (a checkpoint's manifest)."""
+    with atomic_file(out) as f:
+        f.write(text.encode("utf-8"))
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())

@@ -206,6 +206,24 @@ def test_init_from_is_checked_at_plan_time(tmp_path, llama_dir) -> None:
     shutil.copytree(llama_dir, pickled)
     (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
     assert "safetensors format only" in refused(pickled)
+    cut = tmp_path / "cut"  # a copy cut short behind its intact header (an interrupted download)
+    shutil.copytree(llama_dir, cut)
+    weights = cut / "model.safetensors"
+    whole = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.truncate(whole - 1000)
+    assert "is truncated: its header describes" in refused(cut)
+    # Without the hf extra the worker could not load it: refused at plan time, naming the extra.
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def without_transformers(name, *args):
+        return None if name == "transformers" else real(name, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(importlib.util, "find_spec", without_transformers)
+        assert "needs the transformers package, which is not installed: pip install 'olmx[hf]'" in refused(llama_dir)
 
 
 def _losses(run: Path) -> list[float]:
@@ -329,3 +347,35 @@ def test_out_is_a_new_real_path_olmx_can_write(tmp_path) -> None:
     with pytest.raises(ConfigError, match="'/proc' is not writable"):
         _check_out(Path("/proc/model.pt"), directory=False)
     assert _check_out(tmp_path / "empty", directory=True) == tmp_path / "empty"
+
+
+@pytest.mark.dist
+def test_an_export_killed_at_random_instants_is_redone_by_the_next(exported, tmp_path) -> None:
+    """Fault injection: ``olmx export hf`` SIGKILLed at random instants of its duration (the seed
+    is printed; ``OLMX_FAULT_SEED`` replays it), then run again to the same ``--out``: the rerun
+    succeeds with the uninterrupted export's files, and the killed one's partial copy is gone."""
+    import os
+    import random
+    import subprocess
+    import time
+
+    from tests.conftest import OLMX
+
+    seed = int(os.environ.get("OLMX_FAULT_SEED", random.randrange(2**32)))
+    print(f"fault seed {seed}")
+    rng = random.Random(seed)
+    reference = {p.name: p.read_bytes() for p in exported["hf"].iterdir()}
+    start = time.monotonic()
+    assert olmx_cli("export", "hf", str(exported["run"]), "--out", str(tmp_path / "whole")).returncode == 0
+    duration = time.monotonic() - start
+    for k in range(2):
+        out = tmp_path / f"killed{k}"
+        proc = subprocess.Popen([*OLMX, "export", "hf", str(exported["run"]), "--out", str(out)])
+        at = rng.uniform(0.5, 1.0) * duration
+        time.sleep(at)
+        proc.kill()
+        proc.wait()
+        rerun = olmx_cli("export", "hf", str(exported["run"]), "--out", str(out))
+        assert rerun.returncode == 0, (seed, at, rerun.stderr)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == reference, (seed, at)
+        assert not [p.name for p in tmp_path.iterdir() if ".olmx-export-" in p.name], (seed, at)

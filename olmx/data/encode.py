@@ -45,12 +45,11 @@ def load_tokenizer(path: str | Path, *, field: str = "--tokenizer") -> Any:
     """The ``tokenizers.Tokenizer`` of the ``tokenizer.json`` at ``path``. Raises
     :class:`ConfigError` naming ``field`` for a missing ``tokenizers`` package (naming the extra)
     or a file that it cannot load."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise ConfigError(
-            field, "needs the tokenizers package, which is not installed: pip install 'olmx[tokenize]'"
-        ) from None
+    from olmx.api import require_package
+
+    require_package("tokenizers", extra="tokenize", field=field)
+    from tokenizers import Tokenizer
+
     try:
         return Tokenizer.from_file(os.path.expanduser(str(path)))
     except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
@@ -64,6 +63,25 @@ def utf8_text(data: bytes, path: Path, *, field: str = "INPUT") -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(field, f"{path} is not UTF-8 text (byte {exc.start:,}): {exc.reason}") from None
+
+
+def _python_source(path: Path) -> str:
+    """A Python file's text: UTF-8, else decoded by its coding declaration (PEP 263), else as
+    Latin-1 (the standard library's tests hold modules with deliberately broken declarations;
+    every byte is a Latin-1 character)."""
+    import io
+    import tokenize as python_tokenize
+
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    try:
+        encoding, _ = python_tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError):
+        return data.decode("latin-1")
 
 
 def threads(n: int) -> None:
@@ -91,10 +109,13 @@ def encode(tokenizer: Any, texts: list[str], specials: Specials) -> tuple[np.nda
     return ids, lengths
 
 
-def tokenize_to_file(files: list[Path], tokenizer_path: str | Path, specials: Specials, out: Path) -> int:
-    """Write the tokens of ``files`` (each one UTF-8 document, as ``data=text`` reads them) to
-    the raw token file ``out``, atomically (temporary name, then rename); returns the tokens
-    written. What ``data=text data.tokenizer.path=...`` caches."""
+def tokenize_to_file(
+    files: list[Path], tokenizer_path: str | Path, specials: Specials, out: Path, *, python_source: bool = False
+) -> int:
+    """Write the tokens of ``files`` (each one UTF-8 document, as ``data=text`` reads them; with
+    ``python_source``, Python files decoded as Python does, by their coding declaration: the
+    ``stdlib`` corpus has a few Latin-1 and KOI8-R test modules) to the raw token file ``out``,
+    atomically; returns the tokens written. What ``data=text|stdlib data.tokenizer.path=...`` caches."""
     tokenizer = load_tokenizer(tokenizer_path, field="data.tokenizer.path")
     from olmx.writable import atomic_file
 
@@ -103,7 +124,8 @@ def tokenize_to_file(files: list[Path], tokenizer_path: str | Path, specials: Sp
         texts: list[str] = []
         chars = 0
         for i, path in enumerate(files):
-            texts.append(utf8_text(path.read_bytes(), path, field="data.paths"))
+            text = _python_source(path) if python_source else utf8_text(path.read_bytes(), path, field="data.paths")
+            texts.append(text)
             chars += len(texts[-1])
             if chars >= BATCH_CHARS or i == len(files) - 1:
                 ids, _ = encode(tokenizer, texts, specials)

@@ -353,6 +353,37 @@ def raw_copy(path: Path, header: NpyHeader, data: DataConfig) -> Path:
     return out
 
 
+def scanned_raw(path: Path, data: DataConfig) -> Path:
+    """The raw token file ``path`` (OLMo-core reads it as it is) once every id in it is known to
+    be in the vocabulary: the plan checks a sample of its ids (cheaply, on any machine); the
+    worker scans all of them here before the first step, in chunks, once per file: a marker in
+    the cache, named from the file's path, size, modification time and the vocabulary, says it
+    was scanned (a file lock makes concurrent ranks wait for the first). An id outside the
+    vocabulary is one :class:`ConfigError` naming the file and the position, never an index
+    error (or a CUDA device-side assert) inside the model."""
+    import numpy as np
+    from filelock import FileLock
+
+    vocab = data.tokenizer.vocab_size
+    target = np.dtype(token_dtype(vocab))
+    st = path.stat()
+    key = hashlib.sha256(f"{path.absolute()}|{st.st_size}|{st.st_mtime_ns}|{target.str}|{vocab}|v1".encode())
+    root = cache_dir(data) / "scanned"
+    mark = root / f"{path.stem}-{key.hexdigest()[:16]}"
+    if mark.exists():
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(mark) + ".lock"):
+        if not mark.exists():
+            n = st.st_size // target.itemsize
+            ids = np.memmap(path, dtype=target, mode="r", shape=(n,)) if n else np.empty(0, target)
+            hint = f"; OLMo-core reads raw token files as {target.name} for this vocabulary"
+            for start in range(0, n, COPY_CHUNK):
+                _check_ids(path, start, np.asarray(ids[start : start + COPY_CHUNK]), vocab, sampled=False, hint=hint)
+            mark.touch()
+    return path
+
+
 def token_files(data: DataConfig) -> list[str]:
     """Paths of the raw token arrays OLMo-core reads for ``data``: caches of ``stdlib``/``text``
     (tokenized byte-level, or with ``data.tokenizer.path``, into the cache first if needed), the raw files of ``numpy``
@@ -361,7 +392,7 @@ def token_files(data: DataConfig) -> list[str]:
         arrays: list[str] = []
         for path in text_files(data.paths):
             header = npy_header(path)
-            arrays.append(str(path if header is None else raw_copy(path, header, data)))
+            arrays.append(str(scanned_raw(path, data) if header is None else raw_copy(path, header, data)))
         return arrays
     files = stdlib_files() if data.name == "stdlib" else text_files(data.paths)
     out = text_cache_file(data, files)
@@ -407,7 +438,7 @@ def tokenize_with_tokenizer(files: list[Path], data: DataConfig, out: Path) -> i
     assert tok.path
     dtype = token_dtype(tok.vocab_size)
     specials = Specials(vocab_size=tok.vocab_size, eos_id=tok.eos_id, pad_id=tok.pad_id, bos_id=tok.bos_id, dtype=dtype)
-    return tokenize_to_file(files, tok.path, specials, out)
+    return tokenize_to_file(files, tok.path, specials, out, python_source=data.name == "stdlib")
 
 
 def tokenizer_corpus_tokens(data: DataConfig, files: list[Path]) -> tuple[int, bool]:
@@ -421,4 +452,30 @@ def tokenizer_corpus_tokens(data: DataConfig, files: list[Path]) -> tuple[int, b
     cache = text_cache_file(data, files)
     if cache.is_file():
         return cache.stat().st_size // np.dtype(token_dtype(tok.vocab_size)).itemsize, True
+    for path in files if data.name == "text" else []:  # the worker decodes them: not UTF-8 is refused now
+        check_utf8(path)
     return byte_corpus_tokens(files) + (len(files) if tok.bos_id is not None else 0), False
+
+
+def check_utf8(path: Path, *, field: str = "data.paths", chunk: int = 1 << 24) -> None:
+    """:class:`ConfigError` naming ``path`` and the first offending byte where it is not UTF-8
+    text (read in chunks, decoded incrementally: a multi-byte character may span two chunks)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done = 0
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(chunk)
+            pending = len(decoder.getstate()[0])  # bytes of a character the last chunk began
+            try:
+                decoder.decode(data, final=not data)
+            except UnicodeDecodeError as exc:
+                raise ConfigError(
+                    field,
+                    f"{path} is not UTF-8 text (byte {done - pending + exc.start:,}): {exc.reason}; a tokenizer "
+                    "reads text, so convert it (iconv -f LATIN1 -t UTF-8) or drop the file",
+                ) from None
+            if not data:
+                return
+            done += len(data)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from typing import IO, TYPE_CHECKING, Any
 from olmx.data import encode as encoding
 from olmx.data.encode import Specials, encode, load_tokenizer, threads, utf8_text
 from olmx.errors import ConfigError
-from olmx.writable import check_writable
+from olmx.writable import check_writable, write_text_atomic
 
 if TYPE_CHECKING:
     import numpy as np
@@ -308,9 +309,18 @@ def read_metadata(folder: Path) -> dict[str, Any] | None:
     return meta
 
 
+#: The temporary files a run writes in its folder (an open shard, the metadata being replaced):
+#: named by olmx alone, with the writer's process id.
+_TEMPORARY = re.compile(rf"\.part-\d+\.npy\.tmp\d+|{re.escape(METADATA)}\.tmp\d+")
+
+
 def drop_pending(folder: Path, meta: dict[str, Any]) -> None:
-    """A shard an interrupted run claimed (``pending``) but did not record: remove it (its
-    documents were not recorded either, so this run tokenizes them again)."""
+    """What a killed run left (this run holds the folder's lock, so no writer is alive): a shard
+    it claimed (``pending``) but did not record (its documents were not recorded either, so this
+    run tokenizes them again), and its temporary files."""
+    for path in folder.iterdir():
+        if _TEMPORARY.fullmatch(path.name):
+            path.unlink(missing_ok=True)
     name = meta.pop("pending", None)
     if name:
         (folder / name).unlink(missing_ok=True)
@@ -328,10 +338,8 @@ def lock_path(folder: Path) -> Path:
 
 
 def write_metadata(folder: Path, meta: dict[str, Any]) -> None:
-    """Write :data:`METADATA` atomically (temporary file, then rename)."""
-    tmp = folder / f".{METADATA}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(folder / METADATA)
+    """Write :data:`METADATA` whole or not at all."""
+    write_text_atomic(folder / METADATA, json.dumps(meta, indent=1) + "\n")
 
 
 def tokenize(

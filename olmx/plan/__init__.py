@@ -4,7 +4,6 @@ nobody composes config or recomputes a decision after it."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,11 +115,11 @@ class Plan:
         """Write ``plan.yaml`` atomically into the run directory."""
         import yaml
 
+        from olmx.writable import write_text_atomic
+
         path = self.plan_path
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".yaml.tmp{os.getpid()}")  # several launchers may share a run dir
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-        tmp.replace(path)
+        write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
         return path
 
     @classmethod

@@ -150,6 +150,12 @@ def safetensors_tensors(directory: Path) -> dict[str, tuple[str, tuple[int, ...]
                 if not 2 <= n <= min(_MAX_HEADER, size - 8):
                     raise ValueError(f"a header of {n} bytes in a file of {size}")
                 header = json.loads(fh.read(n))
+            ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+            if 8 + n + max(ends, default=0) > size:  # cut short behind an intact header
+                raise ValueError(
+                    f"it is truncated: its header describes {max(ends, default=0):,} bytes of tensors, "
+                    f"the file holds {size - 8 - n:,}"
+                )
             for key, value in header.items():
                 if key != "__metadata__":
                     out[key] = (str(value["dtype"]), tuple(int(s) for s in value["shape"]))
@@ -214,8 +220,12 @@ def check_init_from(run: RunConfig, vocab_size: int, resume_step: int | None) ->
     its ``config.json`` is the architecture the run's model maps to with the same numbers, and
     its safetensors weights hold exactly the tensors (names and shapes) that architecture has
     for this model. A run that resumes loads its own checkpoint and reads nothing from it."""
+    from olmx.api import require_package
+
     raw = run.model.init_from
     assert raw is not None
+    for package in ("transformers", "safetensors"):  # the worker loads it with both
+        require_package(package, extra="hf", field=_FIELD)
     directory = Path(os.path.expanduser(raw)).absolute()
     if resume_step is not None:
         return [("init_from", f"{directory}: not loaded, the run resumes from its checkpoint at step {resume_step}")]

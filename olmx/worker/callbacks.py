@@ -29,6 +29,7 @@ from olmo_core.train.callbacks import Callback, SpeedMonitorCallback
 
 from olmx.rundir import RunDir
 from olmx.worker.datasets import eval_record
+from olmx.writable import write_text_atomic
 
 
 def peak_memory_mib(device: Any) -> float:
@@ -196,7 +197,4 @@ class OlmxMetricsCallback(Callback):
             "nonfinite_steps": list(getattr(guard, "nonfinite_steps", [])),
             "run_dir": self.run_dir,
         }
-        final = RunDir(self.run_dir).summary
-        tmp = final.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(final)
+        write_text_atomic(RunDir(self.run_dir).summary, json.dumps(summary, indent=2))

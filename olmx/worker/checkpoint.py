@@ -39,9 +39,12 @@ from typing import Any
 from olmo_core.train.checkpoint import Checkpointer, CheckpointerConfig
 
 from olmx.events import append_event
+from olmx.writable import write_text_atomic
 
 log = logging.getLogger(__name__)
 
+#: Checkpoints OLMo-core's checkpointer keeps (its ``max_checkpoints``, set by olmx.worker.train).
+KEEP_CHECKPOINTS = 3
 #: olmx's per-checkpoint manifest: ``{"files": {relpath: [size, crc32]}, "world_size": N}``.
 MANIFEST = "olmx-manifest.json"
 #: OLMo-core's completion mark.
@@ -109,18 +112,6 @@ def structure_problem(ckpt: Path, sizes: dict[str, int], world_size: int | None)
     return None
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write a file so that it is either absent or complete (temporary file, fsync, rename)."""
-    import os
-
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
 def verify(ckpt: Path, *, write_manifest: bool = False) -> str | None:
     """Verify a checkpoint on every rank together (a collective); the problem, or None if good.
 
@@ -160,7 +151,9 @@ def verify(ckpt: Path, *, write_manifest: bool = False) -> str | None:
         world = manifest.get("world_size") if manifest else (get_world_size() if write_manifest else None)
         problem = problem or structure_problem(ckpt, {k: v[0] for k, v in digests.items()}, world)
         if problem is None and write_manifest:
-            _write_atomic(ckpt / MANIFEST, json.dumps({"files": digests, "world_size": get_world_size()}))
+            write_text_atomic(
+                ckpt / MANIFEST, json.dumps({"files": digests, "world_size": get_world_size()}), durable=True
+            )
     return broadcast_object(problem)
 
 
@@ -264,20 +257,27 @@ def checkpoint_bytes(model: Any) -> int:
 
 
 def check_disk_space(model: Any, run_dir: str | Path) -> None:
-    """Fail before training when the run directory cannot hold two checkpoints (the newest
-    complete one and the one being written); a collective, every rank raises together."""
+    """Fail before training when the run directory cannot hold the checkpoints OLMo-core keeps
+    while it writes one: its ``max_checkpoints`` (:data:`KEEP_CHECKPOINTS`) plus the one being
+    written, which it removes the oldest of only after that save. Checkpoints already in the run
+    directory count as held (their bytes are no longer free). A collective, every rank raises
+    together."""
     from olmo_core.distributed.utils import broadcast_object, get_rank
 
     from olmx.errors import LaunchError
+    from olmx.rundir import RunDir
 
     problem = None
     if get_rank() == 0:
         need = checkpoint_bytes(model)
+        held = min(len(checkpoint_dirs(RunDir(run_dir).checkpoints)[0]), KEEP_CHECKPOINTS)
+        more = KEEP_CHECKPOINTS + 1 - held
         free = shutil.disk_usage(Path(run_dir)).free
-        if free < 2 * need:
+        if free < more * need:
             problem = (
                 f"the run directory {run_dir} has {free / 2**20:,.1f} MiB free; a checkpoint of this model "
-                f"needs about {need / 2**20:,.1f} MiB and two must fit (the last good one and the next): "
+                f"needs about {need / 2**20:,.1f} MiB and {more} more must fit (OLMo-core keeps "
+                f"{KEEP_CHECKPOINTS} and writes the next before it removes the oldest; {held} already here): "
                 f"free some space or choose another trainer.run_dir"
             )
     problem = broadcast_object(problem)

@@ -125,7 +125,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
 
     from olmx.data.splits import eval_on
     from olmx.worker.callbacks import OlmxMetricsCallback, OlmxSpeedMonitorCallback
-    from olmx.worker.checkpoint import OlmxCheckpointerConfig
+    from olmx.worker.checkpoint import KEEP_CHECKPOINTS, OlmxCheckpointerConfig
     from olmx.worker.datasets import build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
 
@@ -147,7 +147,10 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
         # Synchronous saves: OLMo-core 3.0.0's async save deadlocks multi-process runs
         # (research note olmo-core-3.0.md §3.9).
         "checkpointer": CheckpointerCallback(
-            save_interval=t.save_interval, save_async=False, pre_train_checkpoint=False
+            save_interval=t.save_interval,
+            save_async=False,
+            pre_train_checkpoint=False,
+            max_checkpoints=KEEP_CHECKPOINTS,  # what olmx.worker.checkpoint.check_disk_space counts
         ),
         "console_logger": ConsoleLoggerCallback(log_interval=max(plan.execution.log_interval, 10)),
         "speed_monitor": OlmxSpeedMonitorCallback(compute_dtype=plan.dtypes.param),

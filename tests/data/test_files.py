@@ -124,6 +124,20 @@ def test_inspect_reads_headers_sizes_and_a_sample(tmp_path):
     with pytest.raises(ConfigError, match=r"'.*d.npy' holds token id 777 at position 4,106, outside the vocabulary"):
         token_files(data)
     assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []  # no partial copy
+    # A raw file is read by OLMo-core as it is: the worker scans every id once, before training.
+    hidden.astype(np.uint16).tofile(tmp_path / "e.bin")
+    assert inspect_token_file(tmp_path / "e.bin", 500).tokens == 100_000  # the plan's sample misses it
+    raw = numpy_data(tmp_path, tmp_path / "e.bin")
+    with pytest.raises(ConfigError, match=r"'.*e.bin' holds token id 777 at position 4,106, outside the vocabulary"):
+        token_files(raw)
+    marks = tmp_path / "cache" / "scanned"
+    assert not [p for p in marks.iterdir() if p.name.startswith("e-") and p.suffix != ".lock"]  # not marked
+    ids.astype(np.uint16).tofile(tmp_path / "f.bin")
+    good = numpy_data(tmp_path, tmp_path / "f.bin")
+    assert token_files(good) == [str(tmp_path / "f.bin")]
+    [mark] = [p for p in marks.iterdir() if p.name.startswith("f-") and p.suffix != ".lock"]
+    seen = mark.stat().st_mtime_ns
+    assert token_files(good) == [str(tmp_path / "f.bin")] and mark.stat().st_mtime_ns == seen  # scanned once
 
 
 @pytest.mark.dist

@@ -192,6 +192,44 @@ def test_a_kill_just_after_a_shard_appears_can_be_rerun(corpus, tokenized, tmp_p
     assert not [p for p in out.iterdir() if p.name.endswith(".lock")]
 
 
+def test_killed_at_random_instants_a_rerun_writes_the_same_files(corpus, tokenized, tmp_path) -> None:
+    """Fault injection: ``olmx data tokenize`` SIGKILLed at random instants of an uninterrupted
+    run's duration (the seed is printed; ``OLMX_FAULT_SEED`` replays it), then run again: every
+    rerun succeeds and writes the shards of the uninterrupted run, and nothing is left behind
+    but olmx's own files."""
+    import os
+    import random
+    import subprocess
+    import time
+
+    from olmx.data.tokenize import METADATA
+    from tests.conftest import OLMX
+
+    seed = int(os.environ.get("OLMX_FAULT_SEED", random.randrange(2**32)))
+    print(f"fault seed {seed}")
+    rng = random.Random(seed)
+
+    def args(out: Path) -> list[str]:
+        return ["data", "tokenize", *corpus["inputs"], "--tokenizer", str(corpus["tok"]), "--out", str(out),
+                "--shard-tokens", "300"]  # fmt: skip
+
+    start = time.monotonic()
+    assert olmx_cli(*args(tmp_path / "whole")).returncode == 0
+    duration = time.monotonic() - start
+    reference = {k: v for k, v in _snapshot(tmp_path / "whole").items() if k != METADATA}
+    for k in range(3):
+        out = tmp_path / f"killed{k}"
+        proc = subprocess.Popen([*OLMX, *args(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        at = rng.uniform(0.4, 1.0) * duration
+        time.sleep(at)
+        proc.kill()
+        proc.wait()
+        rerun = olmx_cli(*args(out))
+        assert rerun.returncode == 0, (seed, at, rerun.stderr)
+        assert {k: v for k, v in _snapshot(out).items() if k != METADATA} == reference, (seed, at)
+        assert [p.name for p in out.iterdir() if p.name.startswith(".") or ".tmp" in p.name] == [], (seed, at)
+
+
 def test_refusals_name_the_problem_and_write_nothing(corpus, tokenized, tmp_path, monkeypatch) -> None:
     from olmx.data.tokenize import tokenize
 
@@ -327,3 +365,28 @@ def test_a_tokenizer_whose_template_adds_bos_and_eos_gets_both_per_document(corp
     ids = np.concatenate(_shards(tmp_path / "out")).tolist()
     docs = corpus["docs"][N_FOLDER : N_FOLDER + N_GLOB]
     assert ids == [i for d in docs for i in tok.encode(d).ids] and done.documents == N_GLOB
+
+
+def test_text_that_is_not_utf8_is_refused_by_the_plan_and_python_sources_decode_as_python(corpus, tmp_path) -> None:
+    """``data=text``: a Latin-1 file among the inputs is refused at plan time, naming the file
+    and the byte (it used to pass the plan and fail in every worker). ``data=stdlib``: the
+    standard library's test modules in Latin-1, KOI8-R or with a broken coding line are Python
+    source, decoded as Python does (each of them stopped the worker before)."""
+    from olmx.data.encode import Specials, tokenize_to_file
+
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    good = sorted((corpus["root"] / "more").glob("*.md"))[0]
+    with pytest.raises(ConfigError) as info:
+        _plan("data=text", f"data.paths=[{good},{latin}]", f"data.tokenizer.path={corpus['tok']}")
+    assert str(info.value).startswith(f"data.paths: {latin} is not UTF-8 text (byte 3): invalid continuation byte")
+
+    koi8 = tmp_path / "module_koi8_r.py"  # as the standard library's test modules are
+    koi8.write_bytes("# -*- coding: koi8-r -*-\nname = '\u043f\u0440\u0438\u0432\u0435\u0442'\n".encode("koi8-r"))
+    bad = tmp_path / "bad_coding.py"
+    bad.write_bytes(b"# -*- coding: uft-8 -*-\nx = '\xe9'\n")
+    specials = Specials(vocab_size=384, eos_id=0, pad_id=1, bos_id=None, dtype="uint16")
+    assert tokenize_to_file([koi8, bad], corpus["tok"], specials, tmp_path / "odd.npy", python_source=True) > 20
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):  # as data=text they are refused
+        tokenize_to_file([koi8], corpus["tok"], specials, tmp_path / "odd2.npy")
+    assert not (tmp_path / "odd2.npy").exists()
