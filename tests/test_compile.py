@@ -34,6 +34,9 @@ CONFIGS = {
 DATA_DEPENDENT = ("Dynamic shape operator", "Data dependent operator")
 #: FSDP2's hooks, which dynamo is told not to trace (``torch._dynamo.disable``).
 FSDP_HOOKS = "function `disable`"
+#: olmx functions left to eager on purpose (``torch.compiler.disable``), each documented where
+#: it is defined: the MoE's per-expert count (sync-free, but traced it trips AOT autograd).
+EAGER_ON_PURPOSE = ("count_per_expert",)
 
 
 def _compile_all(root: str) -> dict[str, dict]:
@@ -101,6 +104,7 @@ def test_every_strategy_and_layer_compiles_with_no_frame_falling_back(tmp_path):
         assert r["captured"] > 50, (name, r)  # dynamo really traced the blocks
         assert r["frames"]["total"] == r["frames"]["ok"], (name, r["frames"])
         for reason in r["graph_breaks"]:
-            assert reason.startswith(DATA_DEPENDENT) or FSDP_HOOKS in reason, (name, reason)
+            on_purpose = any(f"<function {fn} at" in reason for fn in EAGER_ON_PURPOSE)
+            assert reason.startswith(DATA_DEPENDENT) or FSDP_HOOKS in reason or on_purpose, (name, reason)
     for name in ("fsdp + ulysses + engram", "fsdp dense"):
         assert not results[name]["graph_breaks"], (name, results[name]["graph_breaks"])

@@ -22,7 +22,7 @@ from olmx.config.rules import rule_of
 from olmx.config.schema import RunConfig
 
 SEED = int(os.environ.get("OLMX_FUZZ_SEED", random.randrange(2**32)))
-EXAMPLES = int(os.environ.get("OLMX_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("OLMX_FUZZ_EXAMPLES", "100"))
 
 #: Values every field is tried with (Hydra override syntax).
 ODD = [

@@ -141,7 +141,8 @@ class TrainingGuard(Callback):
         if dist.is_available() and dist.is_initialized() and (check_stop or not loss_is_global):
             flags = torch.stack([torch.tensor(stop, device=norm.device), bad.long()])
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            signum, nonfinite = int(flags[0]), bool(flags[1])  # the step's one host sync
+            signum, bad_flag = flags.tolist()  # the step's one host sync (one copy of both flags)
+            nonfinite = bool(bad_flag)
         else:
             signum, nonfinite = stop, bool(bad)  # the step's one host sync
         if nonfinite:

@@ -121,7 +121,7 @@ def check_id_range(ids: torch.Tensor, high: int, what: str) -> None:
     if ids.device.type != "cpu":
         torch._assert_async(((ids >= 0) & (ids < high)).all(), f"{what} must be in [0, {high})")
         return
-    low_seen, high_seen = (int(v) for v in torch.aminmax(ids))
+    low_seen, high_seen = torch.stack(list(torch.aminmax(ids))).tolist()  # one read back
     if low_seen >= 0 and high_seen < high:
         return
     bad = ids[(ids < 0) | (ids >= high)].unique().tolist()

@@ -22,6 +22,10 @@ The gradient is divided by the number of ranks in the mesh (``grad_divide_factor
 matches how DDP/FSDP average the gradients of every other parameter when each rank's loss is
 normalised by its own tokens (OLMo-core's train module does so).
 
+Host syncs: one per lookup (the split sizes of both directions, read back in one copy; the
+distinct rows are found without reading their count back separately), and with ``2d`` one
+more in backward (every copy's count of touched rows, in one copy).
+
 Traffic depends on the number of lookups, never on the table size; every sharded table counts
 the bytes it sends to other ranks in :attr:`EngramTable.comm` (``TableCommStats``). Rows and
 their gradients cross ranks in the compute dtype (``wire_dtype``: bfloat16 under bf16, half the
@@ -172,6 +176,7 @@ class _Exchange:
         names = mesh.mesh_dim_names or ()
         self.replicate_group = mesh.get_group(REPLICATE_DIM) if REPLICATE_DIM in names else None
         self.replicate_size = mesh.size(names.index(REPLICATE_DIM)) if self.replicate_group else 1
+        self.replicate_rank = mesh.get_local_rank(REPLICATE_DIM) if self.replicate_group else 0
         self.block = math.ceil(num_rows / self.shard_size)
         self.row_start, _ = shard_row_range(num_rows, self.shard_size, self.shard_rank)
         self.grad_divide_factor = grad_divide_factor
@@ -185,18 +190,42 @@ def _all_to_all(inp: torch.Tensor, out_splits: list[int], in_splits: list[int], 
     return out
 
 
+class _Distinct:
+    """The sorted distinct values of a 1-D tensor and each element's index among them, as
+    ``torch.unique(x, return_inverse=True)`` gives them, without a host sync: their number
+    stays on the device (``first.sum()``) until the caller reads it along with the split sizes
+    it reads anyway; :meth:`values` then builds them (``torch.unique`` reads that number back
+    itself: one more sync per call)."""
+
+    def __init__(self, x: torch.Tensor):
+        self.sorted, order = torch.sort(x)
+        #: Marks the first of each run of equal values in ``sorted``.
+        self.first = torch.ones_like(self.sorted, dtype=torch.bool)
+        self.first[1:] = self.sorted[1:] != self.sorted[:-1]
+        self.slot = torch.cumsum(self.first, 0) - 1  # the distinct value each sorted element is
+        #: For each element of ``x``, the index of its value among the distinct values.
+        self.inverse = torch.empty_like(self.slot).scatter_(0, order, self.slot)
+
+    def values(self, count: int) -> torch.Tensor:
+        """The ``count`` distinct values, ascending."""
+        return self.sorted.new_empty(count).scatter_(0, self.slot, self.sorted)
+
+
 class _ShardedLookup(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, local_weight: torch.Tensor, rows: torch.Tensor, ex: _Exchange, wire_dtype: torch.dtype
     ) -> torch.Tensor:
-        uniq, inverse = torch.unique(rows, return_inverse=True)
-        owners = torch.div(uniq, ex.block, rounding_mode="floor")
-        send_counts = torch.bincount(owners, minlength=ex.shard_size)
+        distinct = _Distinct(rows)
+        inverse = distinct.inverse
+        owners = torch.div(distinct.sorted, ex.block, rounding_mode="floor")
+        # Distinct rows per owner (bincount would read its largest id back to the host).
+        send_counts = torch.zeros(ex.shard_size, dtype=torch.long, device=rows.device)
+        send_counts.scatter_add_(0, owners, distinct.first.long())
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=ex.shard_group)
-        send = send_counts.tolist()
-        recv = recv_counts.tolist()
+        send, recv = torch.stack([send_counts, recv_counts]).tolist()  # the lookup's one host sync
+        uniq = distinct.values(sum(send))
         local_rows = _all_to_all(uniq, recv, send, ex.shard_group) - ex.row_start
         # Rows travel in the compute dtype (what the projections read them in) and come back
         # in the table's dtype, so what follows is unchanged.
@@ -231,10 +260,13 @@ class _ShardedLookup(torch.autograd.Function):
         if ex.replicate_group is None or ex.replicate_size == 1:
             grad_local.index_add_(0, local_rows, grad_owned.to(ctx.local_dtype))
         else:
-            touched, inv = torch.unique(local_rows, return_inverse=True)
-            grad_touched = grad_local.new_zeros(touched.numel(), dim).index_add_(0, inv, grad_owned.to(ctx.local_dtype))
-            counts = _all_gather(torch.tensor([touched.numel()], device=touched.device), ex)
-            pad = int(max(c.item() for c in counts))
+            distinct = _Distinct(local_rows)
+            # Every copy's count of touched rows, in one host sync.
+            counts = torch.cat(_all_gather(distinct.first.sum().view(1), ex)).tolist()
+            touched = distinct.values(counts[ex.replicate_rank])
+            grad_touched = grad_local.new_zeros(touched.numel(), dim)
+            grad_touched.index_add_(0, distinct.inverse, grad_owned.to(ctx.local_dtype))
+            pad = max(counts)
             # all_gather needs equal shapes: pad with row 0 / zero gradients, sliced off below.
             rows_padded = touched.new_zeros(pad)
             rows_padded[: touched.numel()] = touched
@@ -243,7 +275,6 @@ class _ShardedLookup(torch.autograd.Function):
             for n, rows_r, grads_r in zip(
                 counts, _all_gather(rows_padded, ex), _all_gather(grads_padded, ex), strict=True
             ):
-                n = int(n.item())
                 grad_local.index_add_(0, rows_r[:n], grads_r[:n].to(ctx.local_dtype))
             ex.stats.backward_bytes += (ex.replicate_size - 1) * (_ID_BYTES + pad * (_ID_BYTES + elem * dim))
         if ex.grad_divide_factor != 1:

@@ -10,6 +10,8 @@ This package is olmx's reference MoE that runs everywhere (CPU/gloo and GPU/NCCL
   the portable MoE as its feed-forward, and ``MoEFeedForwardConfig`` (both derived from
   ``MoEConfig``);
 * :mod:`.convert`: checkpoint conversion between the portable and OLMo-core v1 layouts;
+* :mod:`.seeded_init`: the OLMo-core v1 layers initialised as the portable ones (one seed, one
+  initial model, whichever backend);
 * :mod:`.expert_parallel`: expert parallelism over a process group (``all_to_all_single``).
 
 Importing this package is cheap: the names below are loaded on first access (PEP 562), so

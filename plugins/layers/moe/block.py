@@ -128,7 +128,8 @@ class MoEFeedForwardConfig(Config):
         factor, else the capacity ``default`` type). Same router (linear, softmax / sigmoid
         gating, top-k, weight normalisation, expert bias), experts, aux losses and their
         scaling; a shared expert needs ``shared_expert_mixing="olmo_core_v1"`` (v1's only
-        mixing). Initialisation differs (each path draws its own). Under a capacity factor the
+        mixing). Initialisation: v1 draws its own unless the model initialises it as the
+        portable layer (:mod:`.seeded_init`, which the plugin does). Under a capacity factor the
         two paths may drop different tokens of an over-full expert."""
         from olmo_core.nn.feed_forward import FeedForwardConfig
         from olmo_core.nn.moe import MoEConfig, MoERouterConfig, MoERouterGatingFunction, MoEType
@@ -160,6 +161,11 @@ class MoEFeedForwardConfig(Config):
             dtype=self.dtype,
         )
 
+    def seed_key(self, layer_idx: int) -> str:
+        """The key the MoE of block ``layer_idx`` draws its weights with (``init_seed`` and the
+        block; :func:`~.modules.seeded_rows`), on either backend (:mod:`.seeded_init`)."""
+        return f"{self.init_seed}/blocks.{layer_idx}.moe"
+
     def build(self, d_model: int, *, layer_idx: int = 0, n_layers: int = 1, init_device: str = "cpu") -> MoEFeedForward:
         """Build the layer for block ``layer_idx`` of ``n_layers``."""
         scale = n_layers if self.scale_loss_by_num_layers else 1
@@ -177,7 +183,7 @@ class MoEFeedForwardConfig(Config):
             lb_loss_weight=None if self.lb_loss_weight is None else self.lb_loss_weight / scale,
             z_loss_weight=None if self.z_loss_weight is None else self.z_loss_weight / scale,
             init_std=self.init_std,
-            seed_key=f"{self.init_seed}/blocks.{layer_idx}.moe",
+            seed_key=self.seed_key(layer_idx),
             dtype=self.dtype.as_pt(),
             init_device=init_device,
         )

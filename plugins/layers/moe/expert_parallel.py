@@ -18,6 +18,11 @@ Forward of one layer (each rank routes its own tokens, ``MoEFeedForward.forward`
    by local expert with a stable permutation;
 4. local experts (grouped matmul), inverse permutation, the reverse ``all_to_all_single``.
 
+One host sync per layer and micro-batch: the split sizes of steps 2-3, both directions in one
+``tolist``. Rows travel in the dtype the experts compute in (under ``torch.autocast``: its
+dtype, e.g. bfloat16, half the bytes of the float32 residual stream), the outputs come back in
+it.
+
 The row exchange is the functional collective ``all_to_all_single_autograd``
 (``torch.distributed._functional_collectives``; ``torch.distributed.nn.functional`` is
 deprecated in torch 2.13), whose backward is the same collective with the splits swapped; it
@@ -72,7 +77,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from .modules import MoEExperts, MoEFeedForward, moe_layers
+from .modules import MoEExperts, MoEFeedForward, autocast_dtype, moe_layers
 
 __all__ = ["all_to_all", "ExpertParallelDispatch", "apply_expert_parallel"]
 
@@ -96,26 +101,32 @@ class ExpertParallelDispatch:
         self.world_size = dist.get_world_size(group)
 
     def __call__(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor, experts: MoEExperts) -> torch.Tensor:
-        """Expert outputs for ``rows`` sorted by global expert (``tokens_per_expert``: ``[E]``)."""
+        """Expert outputs for ``rows`` sorted by global expert (``tokens_per_expert``: ``[E]``).
+
+        One host sync: the split sizes of both directions come back in one copy. Rows travel
+        in the dtype the experts compute in (autocast's, e.g. bfloat16, where it is on: the
+        experts would cast them on arrival anyway), so the result is the single-process one."""
         P = self.world_size
         num_local = tokens_per_expert.numel() // P
         with torch.no_grad():
             send_counts = tokens_per_expert.contiguous()
             recv_counts = torch.empty_like(send_counts)
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+            sent, received_counts = torch.stack([send_counts, recv_counts]).view(2, P, num_local).sum(2).tolist()
             recv_counts = recv_counts.view(P, num_local)  # [source rank, local expert]
-            send_splits = send_counts.view(P, num_local).sum(1).tolist()
-            recv_splits = recv_counts.sum(1).tolist()
             local_expert_of_row = torch.repeat_interleave(
-                torch.arange(num_local, device=rows.device).repeat(P), recv_counts.reshape(-1)
+                torch.arange(num_local, device=rows.device).repeat(P),
+                recv_counts.reshape(-1),
+                output_size=sum(received_counts),  # known: no second sync
             )
             perm = torch.argsort(local_expert_of_row, stable=True)
             inverse = torch.empty_like(perm)
             inverse[perm] = torch.arange(perm.numel(), device=perm.device)
 
-        received = all_to_all(rows, output_split_sizes=recv_splits, input_split_sizes=send_splits, group=self.group)
+        rows = rows.to(autocast_dtype(rows.device.type) or rows.dtype)
+        received = all_to_all(rows, output_split_sizes=received_counts, input_split_sizes=sent, group=self.group)
         out = experts(received[perm], recv_counts.sum(0))
-        return all_to_all(out[inverse], output_split_sizes=send_splits, input_split_sizes=recv_splits, group=self.group)
+        return all_to_all(out[inverse], output_split_sizes=sent, input_split_sizes=received_counts, group=self.group)
 
 
 def _shard_experts(moe: MoEFeedForward, ep_mesh: DeviceMesh) -> None:

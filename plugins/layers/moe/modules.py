@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -73,6 +74,9 @@ __all__ = [
     "MoEFeedForward",
     "grouped_matmul",
     "sort_by_expert",
+    "count_per_expert",
+    "seeded_rows",
+    "autocast_dtype",
     "load_balancing_loss",
     "router_z_loss",
     "expert_capacity",
@@ -126,6 +130,18 @@ def expert_capacity(num_tokens: int, *, num_experts: int, top_k: int, capacity_f
     return math.ceil(capacity_factor * top_k * num_tokens / num_experts)
 
 
+@torch.compiler.disable
+def count_per_expert(expert_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Assignments per expert (``[num_experts]``, int64) of the flat ``expert_ids``: what
+    ``torch.bincount(expert_ids, minlength=num_experts)`` gives, without its host sync (on CUDA
+    bincount reads the largest id back to size its output). Left to eager under
+    ``torch.compile`` (a graph break, where bincount's data-dependent size made one too): traced,
+    torch 2.13's AOT autograd fails the compiled MoE block with "output spec mismatch" once its
+    shapes are dynamic (tests/test_compile.py)."""
+    ones = torch.ones_like(expert_ids, dtype=torch.long)
+    return torch.zeros(num_experts, dtype=torch.long, device=expert_ids.device).scatter_add_(0, expert_ids, ones)
+
+
 def sort_by_expert(
     expert_indices: torch.Tensor, num_experts: int, *, capacity: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -140,13 +156,18 @@ def sort_by_expert(
     """
     flat = expert_indices.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = count_per_expert(flat, num_experts)
     if capacity is None:
         return order, counts, torch.zeros((), dtype=torch.long, device=flat.device)
     starts = torch.cumsum(counts, 0) - counts
     position = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
     keep = position < capacity
     return order[keep], counts.clamp(max=capacity), (~keep).sum()
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` computes matmuls in on ``device_type`` (None: autocast is off)."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 def grouped_matmul(x: torch.Tensor, w: torch.Tensor, tokens_per_group: torch.Tensor) -> torch.Tensor:
@@ -186,20 +207,27 @@ def _local_row_ids(p: torch.Tensor) -> torch.Tensor:
     return local.reshape(-1).long()
 
 
+def seeded_rows(seed_key: str, rows: Iterable[int], shape: Sequence[int], *, std: float) -> torch.Tensor:
+    """Rows ``rows`` (dim-0 indices) of the parameter keyed by ``seed_key`` as the seeded init
+    draws them: row ``r`` is a truncated normal of ``shape`` (``std``, cut at 3 std) from a
+    generator seeded with (``crc32(seed_key)``, ``r``). float32 on the CPU, ``[len(rows), *shape]``."""
+    base = zlib.crc32(seed_key.encode()) << 24
+    gen = torch.Generator()
+    out = []
+    for row in rows:
+        gen.manual_seed(base + row)
+        t = torch.empty(tuple(shape), dtype=torch.float32)
+        out.append(nn.init.trunc_normal_(t, std=std, a=-3 * std, b=3 * std, generator=gen))
+    return torch.stack(out) if out else torch.empty(0, *shape)
+
+
 @torch.no_grad()
 def _seeded_trunc_normal_(p: torch.Tensor, *, std: float, seed_key: str) -> None:
     """Fill ``p`` (plain or DTensor) row by row from per-row generators keyed by ``seed_key``."""
     local = p.to_local() if isinstance(p, DTensor) else p
     if local.numel() == 0 or local.is_meta:
         return
-    base = zlib.crc32(seed_key.encode()) << 24
-    gen = torch.Generator()
-    rows = []
-    for row in _local_row_ids(p).tolist():
-        gen.manual_seed(base + row)
-        t = torch.empty(local.shape[1:], dtype=torch.float32)
-        rows.append(nn.init.trunc_normal_(t, std=std, a=-3 * std, b=3 * std, generator=gen))
-    local.copy_(torch.stack(rows).to(local.dtype))
+    local.copy_(seeded_rows(seed_key, _local_row_ids(p).tolist(), local.shape[1:], std=std).to(local.dtype))
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -311,7 +339,7 @@ class MoERouter(nn.Module):
             expert_weights = expert_weights / norm
         accumulate = self.score_bias is not None and self.training and torch.is_grad_enabled()
         with torch.no_grad():
-            tokens_per_expert = torch.bincount(expert_indices.reshape(-1), minlength=self.num_experts)
+            tokens_per_expert = count_per_expert(expert_indices.reshape(-1), self.num_experts)
             if accumulate:
                 prev = self.bias_tokens_per_expert
                 self.bias_tokens_per_expert = tokens_per_expert if prev is None else prev + tokens_per_expert
@@ -394,11 +422,11 @@ class MoEExperts(nn.Module):
         :param tokens_per_expert: Rows per local expert, ``[num_local_experts]``, summing to ``M``.
         """
         w1, w2, w3 = (self._local_weight(w) for w in (self.w1, self.w2, self.w3))
-        if torch.is_autocast_enabled(x.device.type):
+        dtype = autocast_dtype(x.device.type)
+        if dtype is not None:
             # Autocast casts nn.Linear/matmul operands but not grouped_mm's: do it here, so that
             # experts compute in the dtype the dense layers do (grouped_mm's fast CUDA path needs
             # 16-bit operands); weight gradients flow back to the float32 parameters.
-            dtype = torch.get_autocast_dtype(x.device.type)
             w1, w2, w3 = w1.to(dtype), w2.to(dtype), w3.to(dtype)
         x = x.to(w1.dtype)
         h = F.silu(grouped_matmul(x, w1, tokens_per_expert)) * grouped_matmul(x, w3, tokens_per_expert)

@@ -16,7 +16,8 @@ This plugin owns expert parallelism: a data-parallel strategy only asks for it (
 e.g. ``ddp_ep`` or ``hsdp`` with ``parallel.hsdp.expert_parallel=true``), and :meth:`MoELayer.apply_model`
 places the experts over ``ep`` ranks. Checkpoints of the two paths differ only in the MoE
 keys (``blocks.<i>.feed_forward_moe.*`` vs ``blocks.<i>.moe.*``); ``convert.convert_model_state_dict``
-maps them both ways.
+maps them both ways. Both backends start from the same weights for one seed: the olmo_core
+backend initialises its MoE layers as the portable one does (:mod:`.seeded_init`).
 
 One config: :class:`~.config.MoEConfig` (``layers.moe``), validated here in :meth:`MoELayer.resolve`
 and nowhere else; the OLMo-core-side ``MoEFeedForwardConfig`` / ``MoEBlockConfig`` are derived
@@ -62,6 +63,22 @@ def olmo_core_problem(cfg: MoEConfig, mesh: Mesh, world: World) -> Optional[str]
             "OLMo-core's v1 MoE mixes a shared expert as shared/(k+1) + routed*k/(k+1), not as olmx's shared + routed"
         )
     return None
+
+
+def python_expert_loop(cfg: MoEConfig, world: World) -> Optional[str]:
+    """Why OLMo-core's MoE will be slow on this CUDA world (None: it will not): without the
+    ``grouped_gemm`` package its dropless experts (``DroplessMoEMLP.gmm``) run as a Python loop
+    over the experts. (Its capacity MoE uses batched matmuls; on CPU the interpreter is slow
+    anyway.)"""
+    if world.device != "cuda" or cfg.capacity_factor is not None or importlib.util.find_spec("grouped_gemm"):
+        return None
+    return (
+        "the grouped_gemm package is not installed, so OLMo-core's dropless MoE runs its experts as a "
+        f"Python loop: 3 x {cfg.num_experts} small matmuls per MoE block and micro-batch (and their "
+        "backward) behind 3 device-to-host copies of the group sizes; fix: "
+        "pip install grouped_gemm (a CUDA build against your torch), or layers.moe.backend=portable "
+        "(torch's grouped_mm)"
+    )
 
 
 def interpret_olmo_core_kernels() -> None:
@@ -176,6 +193,8 @@ class MoELayer(LayerPlugin):
         ]
         if cfg.shared_hidden_size:
             rows.append(("shared expert", f"SwiGLU({d}->{cfg.shared_hidden_size})"))
+        if backend == "olmo_core" and (slow := python_expert_loop(cfg, ctx.world)):
+            rows.append(("warning", slow))
         if mesh.ep > 1:
             rows.append(
                 (
@@ -264,10 +283,18 @@ class MoELayer(LayerPlugin):
         )
 
     def apply_model(self, cfg: MoEConfig, model: Any, plan: Any) -> None:
-        """With ``mesh.ep > 1`` on the portable backend: shard the experts over each group of
-        ``ep`` consecutive ranks, with FSDP over the replica groups (which keeps them out of the
-        data-parallel wrapper and averages their gradients across replicas)."""
-        if plan.mesh.ep == 1 or self.backend(plan) != "portable":
+        """On the olmo_core backend: the model will initialise its MoE layers as the portable
+        backend does (same seed, same weights, :mod:`.seeded_init`), when OLMo-core's train
+        module calls ``init_weights`` after applying parallelism. With ``mesh.ep > 1`` on the
+        portable backend: shard the experts over each group of ``ep`` consecutive ranks, with
+        FSDP over the replica groups (which keeps them out of the data-parallel wrapper and
+        averages their gradients across replicas)."""
+        if self.backend(plan) == "olmo_core":
+            from olmx_plugins.layers.moe.seeded_init import PortableMoEInit
+
+            model.init_method = PortableMoEInit(model.init_method, self.moe_config(cfg, plan))
+            return
+        if plan.mesh.ep == 1:
             return
         from torch.distributed.device_mesh import init_device_mesh
 

@@ -3,7 +3,8 @@
 Every rank builds the same single-process reference (same seeded init) and runs it on all
 ranks' inputs; the expert-parallel layer runs on its own rank's input. Checked: outputs, aux
 losses, the gradients of every parameter (dense ones averaged over ranks as DDP does, expert
-ones through the EP backward + FSDP over the replica group) and the local expert shapes.
+ones through the EP backward + FSDP over the replica group) and the local expert shapes; under
+bf16 autocast, the dtype of the rows on the wire.
 
 The processes are forked, not spawned: a spawned child re-imports torch and OLMo-core
 (~15 s of CPU each, including the torch._dynamo import that ``Transformer.init_weights``
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from olmo_core.testing import run_distributed_test
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from olmx.worker.clip import clip_grad_norm_
 from olmx_plugins.layers.moe.expert_parallel import all_to_all, apply_expert_parallel
@@ -110,6 +112,44 @@ def _check_ep(ep_degree: int, capacity_factor: float | None) -> None:
     held = torch.tensor([local.shape[0]])
     dist.all_reduce(held, group=mesh["ep_replicate"].get_group())
     assert held.item() == E // ep_degree
+
+
+class _Wire(TorchDispatchMode):
+    """Records the dtype of every tensor the expert-parallel row exchange sends (the functional
+    ``all_to_all_single``, forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: list[torch.dtype] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops._c10d_functional.all_to_all_single.default:
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def _check_rows_travel_in_the_compute_dtype(ep_degree: int) -> None:
+    """Under bf16 autocast (how the core applies bf16 over replicated parameters, ddp_ep) the
+    rows go to their experts and come back in bfloat16, and so do their gradients (half the
+    bytes of the float32 residual stream); the output and the input gradient are the
+    single-process layer's under the same autocast, within bfloat16's tolerance (the experts
+    cast their rows to bfloat16 on arrival anyway: measured equal)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world // ep_degree, ep_degree), mesh_dim_names=("ep_replicate", "ep_shard"))
+    xs, gs = _inputs(world)
+    ref, ep = _moe(), _moe()
+    apply_expert_parallel(ep, ep_mesh=mesh["ep_shard"], replicate_mesh=mesh["ep_replicate"])
+    x_ref, x = (xs[rank].clone().requires_grad_() for _ in range(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_ref = ref(x_ref)  # dropless: a token's output depends on its own routing only
+        (out_ref * gs[rank]).sum().backward()
+        with _Wire() as wire:
+            out = ep(x)
+            (out * gs[rank]).sum().backward()
+    assert wire.dtypes == [torch.bfloat16] * 4  # rows there and back, then their gradients
+    bf16 = dict(rtol=1.6e-2, atol=1e-5)  # torch.testing's bfloat16 tolerance
+    torch.testing.assert_close(out, out_ref, **bf16)
+    torch.testing.assert_close(x.grad, x_ref.grad, **bf16)
 
 
 def _check_all_to_all_uneven() -> None:
@@ -208,6 +248,7 @@ def _run_checks(ep_degrees: list[int]) -> None:
     _check_all_to_all_uneven()
     for ep_degree in ep_degrees:
         _check_ep(ep_degree, capacity_factor=None)
+        _check_rows_travel_in_the_compute_dtype(ep_degree)
     _check_ep(ep_degrees[-1], capacity_factor=0.6)
     for ep_degree in ep_degrees:
         for dp in ("ddp", "hsdp"):

@@ -142,6 +142,65 @@ def test_olmo_core_backend_builds_the_v1_model_and_olmo_core_ep():
     assert "ep_config" not in kwargs
 
 
+@pytest.mark.parametrize("capacity_factor", [None, 1.5])
+def test_one_seed_builds_one_initial_model_whichever_the_backend(capacity_factor):
+    """The plugin's hooks on both backends, then OLMo-core's ``init_weights`` (what its train
+    module calls after parallelism): the v1 model, converted, equals the portable one exactly,
+    every key (the MoE layers are drawn as the portable ones and take nothing from the model's
+    generator, so the attention, dense and head weights after them agree too)."""
+    from olmo_core.nn.transformer import TransformerConfig
+
+    base = TransformerConfig.llama_like(d_model=32, vocab_size=256, n_layers=4, n_heads=4, attn_backend="torch")
+    cfg = MoEConfig(num_experts=4, every=2, capacity_factor=capacity_factor)
+    states = {}
+    for backend in ("portable", "olmo_core"):
+        plan = _plan(GPU, Mesh(), backend)
+        plan.run.trainer.seed, plan.run.model.init_std = 7, 0.03
+        model = MOE.apply_model_config(cfg, base, plan).build(init_device="meta")
+        MOE.apply_model(cfg, model, plan)
+        model.init_weights(device=torch.device("cpu"))
+        states[backend] = model.state_dict()
+    v1 = convert_model_state_dict(
+        states["olmo_core"], to="portable", num_experts=4, d_model=32, hidden_size=32, dropless=capacity_factor is None
+    )
+    assert v1.keys() == states["portable"].keys()
+    for key, value in states["portable"].items():
+        assert torch.equal(v1[key], value), key
+    assert states["portable"]["blocks.1.moe.experts.w1"].std().item() == pytest.approx(0.03, rel=0.2)
+
+
+def test_plan_warns_when_olmo_core_would_loop_over_experts_in_python(monkeypatch):
+    """Without ``grouped_gemm`` OLMo-core's dropless MoE loops over its experts in Python: the
+    plan says so on CUDA, with the cost and the fix; not with it installed, not for the capacity
+    MoE (batched matmuls), not on the portable backend."""
+    from olmx.api import Context, Dtypes
+
+    find_spec = importlib.util.find_spec
+    installed: set[str] = set()
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name in installed else find_spec(name, *a)
+    )
+    monkeypatch.setitem(sys.modules, "grouped_gemm", None)  # find_spec("grouped_gemm") is None
+
+    def warnings(world: World, **moe) -> list[str]:
+        run = SimpleNamespace(
+            model=SimpleNamespace(n_layers=2, d_model=64, hidden_size=128, init_std=0.02),
+            trainer=SimpleNamespace(activation_checkpointing=None),
+        )
+        ctx = Context(run=run, world=world, mesh=HSDP_EP, dtypes=Dtypes(), vocab_size=384)  # type: ignore[arg-type]
+        return [v for k, v in MOE.resolve(MoEConfig(num_experts=4, **moe), ctx).rows if k == "warning"]
+
+    (warning,) = warnings(GPU, backend="olmo_core")
+    assert warning.startswith("the grouped_gemm package is not installed")
+    assert "3 x 4 small matmuls per MoE block and micro-batch" in warning
+    assert "pip install grouped_gemm" in warning and "layers.moe.backend=portable" in warning
+    assert warnings(GPU, backend="olmo_core", capacity_factor=1.5) == []
+    assert warnings(GPU, backend="portable") == []
+    assert warnings(GPU) == []  # auto: portable for now
+    installed.add("grouped_gemm")
+    assert warnings(GPU, backend="olmo_core") == []
+
+
 def test_plan_shows_the_backend_and_refuses_olmo_core_on_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "200")
