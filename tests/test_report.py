@@ -131,3 +131,24 @@ def test_compare_overlays_runs_and_mfu_uses_the_device_peak(runs, tmp_path):
     assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12 and peak_flops("cpu", "float32") is None
     assert summarize(run)["MFU"] == f"{100 * statistics.median(flops) / 989e12:.3g}%"
     assert summarize(load_run(finished))["MFU"].startswith("- (peak of 'cpu'")
+
+
+def test_a_cut_or_hand_broken_plan_is_one_plan_line(tmp_path):
+    """``olmx report`` reads plan.yaml through Plan.load, the guarded reader ``olmx run`` uses:
+    a file cut short, or one whose values break their fields' rules, is one line, exit 2."""
+    from olmx.plan.resolve import plan_from_overrides
+    from olmx.registry import registry
+
+    plan = plan_from_overrides([f"trainer.run_dir={tmp_path / 'run'}"], registry())
+    path = plan.save()
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    cut = olmx_cli("report", str(tmp_path / "run"))
+    assert cut.returncode == 2 and cut.stderr.count("\n") == 1, cut.stderr
+    assert "PLAN: " in cut.stderr and ("truncated" in cut.stderr or "not valid YAML" in cut.stderr), cut.stderr
+    data = yaml.safe_load(text)
+    data["config"]["model"]["d_model"] = -4
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    edited = olmx_cli("report", str(tmp_path / "run"))
+    assert edited.returncode == 2, edited.stderr
+    assert "config.model.d_model: must be a positive integer, got -4" in edited.stderr
