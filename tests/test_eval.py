@@ -91,8 +91,8 @@ def test_the_default_holds_out_32_sequences_or_says_why_it_cannot(tmp_path) -> N
 @pytest.mark.parametrize(
     ("overrides", "field", "match"),
     [
-        (["eval.interval=-5"], "eval.interval", "or null or 0"),
-        (["eval.holdout_sequences=0"], "eval.holdout_sequences", "at least 1"),
+        (["eval.interval=-5"], "eval.interval", "must be an integer >= 0 or null, got -5"),
+        (["eval.holdout_sequences=0"], "eval.holdout_sequences", "must be a positive integer or null, got 0"),
         (FOUR_RANKS + ["eval.holdout_sequences=2"], "eval.holdout_sequences", "fewer than the 4 data-parallel ranks"),
         (FOUR_RANKS + ["eval.max_sequences=3"], "eval.max_sequences", r"less than one sequence per data-parallel rank"),
         (["eval.holdout_sequences=68"], "eval.holdout_sequences", "leaves 2, less than one optimizer step"),
