@@ -9,7 +9,6 @@ against the batch geometry and the held-out slice or ``eval.data``.
 
 from __future__ import annotations
 
-import math
 import sysconfig
 from dataclasses import replace
 from pathlib import Path
@@ -150,11 +149,6 @@ def check_mixture(run: RunConfig) -> None:
     for name, source in d.sources.items():
         if not source.paths:
             raise ConfigError(f"data.sources.{name}.paths", "a source needs at least one file: [path/to/file,...]")
-        if not (math.isfinite(source.weight) and source.weight > 0):
-            raise ConfigError(
-                f"data.sources.{name}.weight",
-                f"must be a positive finite number (weights are normalised over the sources), got {source.weight}",
-            )
 
 
 def check_sources(run: RunConfig) -> list[tuple[str, str]]:

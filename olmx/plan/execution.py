@@ -107,8 +107,6 @@ def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
         f"torch.compile: {'on' if compile_ else 'off'}"
         + (" (auto: on with CUDA)" if mode == "auto" and compile_ else " (auto: off on CPUs)" if mode == "auto" else "")
     )
-    if t.log_interval is not None and t.log_interval < 1:
-        raise ConfigError("trainer.log_interval", f"must be a positive integer or null, got {t.log_interval}")
     interval = t.log_interval or (CUDA_LOG_INTERVAL if world.device == "cuda" else 1)
     notes.append(
         f"metrics: every {interval} step(s)"

@@ -167,19 +167,11 @@ class SlurmInfra(InfraPlugin):
         """Processes from the settings; the nodes cannot be inspected from here."""
         from olmx.launch.devices import gpu_compute_capability, gpu_memory_gib
 
-        if cfg.nodes < 1:
-            raise ConfigError("infra.nodes", f"must be at least 1, got {cfg.nodes}")
-        if cfg.gpus_per_node < 0:
-            raise ConfigError("infra.gpus_per_node", f"must be 0 (CPU) or more, got {cfg.gpus_per_node}")
         nproc = cfg.nproc_per_node if cfg.nproc_per_node is not None else (cfg.gpus_per_node or 2)
-        if nproc < 1:
-            raise ConfigError("infra.nproc_per_node", f"must be at least 1, got {nproc}")
         if cfg.gpus_per_node and nproc > cfg.gpus_per_node:
             raise ConfigError(
                 "infra.nproc_per_node", f"{nproc} processes per node but infra.gpus_per_node={cfg.gpus_per_node}"
             )
-        if cfg.poll_seconds <= 0:
-            raise ConfigError("infra.poll_seconds", f"must be positive, got {cfg.poll_seconds}")
         _check(cfg)
         # Every setting that lands in the script is checked now, before anything is written.
         _render(cfg, run_dir="/olmx-check", plan_path="/olmx-check/plan.yaml", nproc_per_node=nproc)
