@@ -133,60 +133,27 @@ def test_every_override_set_ends_as_a_plan_or_one_config_error(fuzz_env):
     assert seen["plans"] + seen["errors"] >= EXAMPLES // 2
 
 
-def _mutations(data, path=()):
-    """Every (path, container) of the nested plan data, to mutate one value at a time."""
-    if isinstance(data, dict):
-        for key, value in data.items():
-            yield (*path, key)
-            yield from _mutations(value, (*path, key))
-    elif isinstance(data, list):
-        for i, value in enumerate(data):
-            yield (*path, i)
-            yield from _mutations(value, (*path, i))
-
-
-#: What a hand edit or a cut file puts in place of a value.
-REPLACEMENTS = [None, 0, -1, 1.5, float("nan"), "x", "", [], {}, [1, 2], {"a": 1}, True, 10**12, "DELETE"]
-
-
 def test_every_mutated_saved_plan_loads_or_is_one_plan_error(fuzz_env):
     """``olmx run`` and ``olmx report`` read ``plan.yaml`` through ``Plan.load``: a saved plan
     with any one value replaced (or deleted) loads, or is refused as one ``PLAN`` line."""
-    import copy
-
     import yaml
 
-    from olmx.errors import ConfigError
     from olmx.plan import Plan
     from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
+    from tests.fuzzing import REPLACEMENTS, read_or_refuse, replaced, value_paths
 
     reg = registry()
     plan = plan_from_overrides(["layers=[moe]", f"trainer.run_dir={fuzz_env / 'saved'}"], reg)
     path = plan.save()
     original = yaml.safe_load(path.read_text())
     rng = random.Random(SEED)
-    spots = list(_mutations(original))
+    spots = list(value_paths(original))
     print(f"fuzz seed {SEED}: {len(spots)} values in the saved plan")
-    outcomes = {"loaded": 0, "refused": 0}
+    seen = {"facts": 0, "refused": 0}
     for spot in rng.sample(spots, min(len(spots), 120)):
-        data = copy.deepcopy(original)
-        parent = data
-        for key in spot[:-1]:
-            parent = parent[key]
         new = rng.choice(REPLACEMENTS)
-        if new == "DELETE":
-            del parent[spot[-1]]
-        else:
-            parent[spot[-1]] = new
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        try:
-            Plan.load(path, reg)
-            outcomes["loaded"] += 1
-        except ConfigError as exc:
-            assert exc.field == "PLAN" and "\n" not in str(exc), (SEED, spot, new, str(exc))
-            outcomes["refused"] += 1
-        except Exception as exc:  # anything else is a traceback in olmx run
-            raise AssertionError(f"fuzz seed {SEED}: {spot} = {new!r}: {type(exc).__name__}: {exc}") from exc
-    print(outcomes)
-    assert outcomes["refused"] > 0
+        path.write_text(yaml.safe_dump(replaced(original, spot, new), sort_keys=False))
+        read_or_refuse(lambda: Plan.load(path, reg), "PLAN", seen, (SEED, spot, new))  # else a traceback in olmx run
+    print(seen)
+    assert seen["refused"] > 0

@@ -6,16 +6,16 @@ the wrong type or removed) are read as the plan reads them and end as facts or a
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import random
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from olmx.errors import ConfigError
+from tests.fuzzing import REPLACEMENTS, read_or_refuse, replaced, value_paths
 
 SEED = int(os.environ.get("OLMX_FUZZ_SEED", random.randrange(2**32)))
 MUTATIONS = int(os.environ.get("OLMX_FUZZ_EXAMPLES", "300"))
@@ -51,14 +51,7 @@ def test_mutated_token_files_are_facts_or_one_config_error(tmp_path) -> None:
     for i in range(MUTATIONS):
         path = tmp_path / f"m{i % 2}.{'npy' if i % 2 else 'bin'}"
         path.write_bytes(_mutate_bytes(bases[i % 2], rng))
-        try:
-            inspect_token_file(path, 500)
-            seen["facts"] += 1
-        except ConfigError as exc:
-            assert exc.field == "data.paths" and "\n" not in str(exc), (SEED, i, str(exc))
-            seen["refused"] += 1
-        except Exception as exc:
-            raise AssertionError(f"fuzz seed {SEED}, mutation {i}: {type(exc).__name__}: {exc}") from exc
+        read_or_refuse(partial(inspect_token_file, path, 500), "data.paths", seen, (SEED, i))
     print(seen)
     assert seen["refused"] > 0 and seen["facts"] > 0
 
@@ -74,17 +67,6 @@ def _tokenizer_json(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "tokenizer.json").read_text())
 
 
-def _paths(data, path=()):
-    if isinstance(data, dict):
-        for key, value in data.items():
-            yield (*path, key)
-            yield from _paths(value, (*path, key))
-    elif isinstance(data, list):
-        for i, value in enumerate(data[:20]):
-            yield (*path, i)
-            yield from _paths(value, (*path, i))
-
-
 def test_mutated_tokenizer_files_are_facts_or_one_config_error(tmp_path) -> None:
     pytest.importorskip("tokenizers")
     from olmx.data.tokenizer import read_tokenizer_json
@@ -93,7 +75,7 @@ def test_mutated_tokenizer_files_are_facts_or_one_config_error(tmp_path) -> None
     rng = random.Random(SEED)
     base = _tokenizer_json(tmp_path)
     text = json.dumps(base)
-    spots = list(_paths(base))
+    spots = list(value_paths(base, max_items=20))
     path = tmp_path / "m" / "tokenizer.json"
     path.parent.mkdir()
     seen = {"facts": 0, "refused": 0}
@@ -102,25 +84,8 @@ def test_mutated_tokenizer_files_are_facts_or_one_config_error(tmp_path) -> None
             cut = rng.randrange(len(text))
             mutated = text[:cut] if rng.random() < 0.5 else text[:cut] + rng.choice('{}[]",:0a') + text[cut + 1 :]
         else:  # one value of the parsed file replaced by another type, or removed
-            data = copy.deepcopy(base)
-            spot = rng.choice(spots)
-            parent = data
-            for key in spot[:-1]:
-                parent = parent[key]
-            new = rng.choice([None, 0, -1, 1.5, "x", [], {}, True, 10**12, "DELETE"])
-            if new == "DELETE":
-                del parent[spot[-1]]
-            else:
-                parent[spot[-1]] = new
-            mutated = json.dumps(data)
+            mutated = json.dumps(replaced(base, rng.choice(spots), rng.choice(REPLACEMENTS)))
         path.write_text(mutated)
-        try:
-            read_tokenizer_json(path)
-            seen["facts"] += 1
-        except ConfigError as exc:
-            assert exc.field == "data.tokenizer.path" and "\n" not in str(exc), (SEED, i, str(exc))
-            seen["refused"] += 1
-        except Exception as exc:
-            raise AssertionError(f"fuzz seed {SEED}, mutation {i}: {type(exc).__name__}: {exc}") from exc
+        read_or_refuse(lambda: read_tokenizer_json(path), "data.tokenizer.path", seen, (SEED, i))
     print(seen)
     assert seen["refused"] > 0 and seen["facts"] > 0
