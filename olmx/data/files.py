@@ -25,6 +25,7 @@ numpy is imported only by the functions that read ids.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
@@ -453,8 +454,17 @@ def tokenizer_corpus_tokens(data: DataConfig, files: list[Path]) -> tuple[int, b
     if cache.is_file():
         return cache.stat().st_size // np.dtype(token_dtype(tok.vocab_size)).itemsize, True
     for path in files if data.name == "text" else []:  # the worker decodes them: not UTF-8 is refused now
-        check_utf8(path)
+        st = path.stat()
+        _utf8_once(str(path), st.st_size, st.st_mtime_ns)
     return byte_corpus_tokens(files) + (len(files) if tok.bos_id is not None else 0), False
+
+
+@functools.lru_cache(maxsize=None)
+def _utf8_once(path: str, size: int, mtime_ns: int) -> None:
+    """:func:`check_utf8` once per version of a file in this process: the plan counts a text
+    corpus's tokens for the corpus, the held-out split, a mixture and the evaluation, and each
+    count would read every file again."""
+    check_utf8(Path(path))
 
 
 def check_utf8(path: Path, *, field: str = "data.paths", chunk: int = 1 << 24) -> None:
