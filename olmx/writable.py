@@ -51,12 +51,22 @@ def check_writable(path: Path, field: str, *, hint: str = "") -> None:
             shutil.rmtree(made, ignore_errors=True)
 
 
+#: What :func:`temporary` appends to a name (``.tmp`` and the writer's process id), as a regex.
+TEMPORARY_SUFFIX = r"\.tmp\d+"
+
+
+def temporary(out: Path) -> Path:
+    """Where this process writes ``out`` before it is complete (``OUT.tmpPID``, beside it); a
+    killed writer's one is recognisable by :data:`TEMPORARY_SUFFIX`."""
+    return out.with_name(f"{out.name}.tmp{os.getpid()}")
+
+
 @contextmanager
 def atomic_file(out: Path) -> Iterator[BinaryIO]:
     """``out`` written whole or not at all: the body writes to ``OUT.tmpPID`` (opened ``wb``),
     which replaces ``out`` when the body ends, and is removed when it fails in any way (a full
     disk, a signal, a refused id), so no half-written file is left behind."""
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    tmp = temporary(out)
     try:
         with open(tmp, "wb") as f:
             yield f

@@ -42,7 +42,7 @@ from typing import IO, TYPE_CHECKING, Any
 from olmx.data import encode as encoding
 from olmx.data.encode import Specials, encode, load_tokenizer, threads, utf8_text
 from olmx.errors import ConfigError
-from olmx.writable import check_writable, write_text_atomic
+from olmx.writable import TEMPORARY_SUFFIX, check_writable, temporary, write_text_atomic
 
 if TYPE_CHECKING:
     import numpy as np
@@ -245,7 +245,7 @@ class _Writer:
                     "--out",
                     f"{target} exists and olmx did not write it (not in {METADATA}); tokenize into another folder",
                 )
-            self.tmp = self.out / f".{name}.tmp{os.getpid()}"
+            self.tmp = temporary(self.out / f".{name}")
             self.file = open(self.tmp, "wb")
         self.file.write(ids.tobytes())
         self.tokens += int(ids.size)
@@ -311,7 +311,7 @@ def read_metadata(folder: Path) -> dict[str, Any] | None:
 
 #: The temporary files a run writes in its folder (an open shard, the metadata being replaced):
 #: named by olmx alone, with the writer's process id.
-_TEMPORARY = re.compile(rf"\.part-\d+\.npy\.tmp\d+|{re.escape(METADATA)}\.tmp\d+")
+_TEMPORARY = re.compile(rf"(\.part-\d+\.npy|{re.escape(METADATA)}){TEMPORARY_SUFFIX}")
 
 
 def drop_pending(folder: Path, meta: dict[str, Any]) -> None:
