@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -491,14 +492,7 @@ def main() -> None:
     print(f"device {device}; baseline (near-empty model): {base:.0f} MiB\n")
     start = time.time()
     earlier = meta.get(device) if args.only else None
-    for i, case in enumerate(CASES):
-        if args.only and not any(part in case.name for part in args.only):
-            continue
-        if device == "cuda" and case.nproc > n_gpus:
-            print(f"{case.name}: skipped ({case.nproc} processes, {n_gpus} GPU(s))")
-            continue
-        plan_device, est = estimated(case.args, root / f"e{i}")
-        assert plan_device == device, (plan_device, device)
+    for i, case, est in runnable(lambda name: not args.only or any(p in name for p in args.only), n_gpus, root):
         got = measured_mib(case.args, root / f"m{i}") - base
         rows[case.name] = {**est, "measured": got}
         print(
@@ -507,11 +501,8 @@ def main() -> None:
             f"ratio {got / est['estimate']:.2f}",
             flush=True,
         )
-        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        run = (
-            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(start))} UTC, {platform.node() or 'this machine'}, "
-            f"{os.cpu_count()} CPUs, load average {load}, baseline {base:.0f} MiB, {time.time() - start:.0f} s"
-            + (f" (rows matching {args.only})" if args.only else "")
+        run = f"{machine(start)}, baseline {base:.0f} MiB, {time.time() - start:.0f} s" + (
+            f" (rows matching {args.only})" if args.only else ""
         )
         meta[device] = f"{earlier}; then {run}" if earlier else run
         write(record, meta, args.out)  # after every row: a failed run keeps what it measured
@@ -540,14 +531,11 @@ def measure_compiled(args: argparse.Namespace, root: Path, saved: dict) -> None:
     else:
         base = base_c = 0.0
     print(f"device {device}; baselines (near-empty model): eager {base:.0f} MiB, compiled {base_c:.0f} MiB\n")
-    for i, case in enumerate(CASES):
-        if not (any(p in case.name for p in args.only) if args.only else case.name in COMPILE_ROWS):
-            continue
-        if device == "cuda" and case.nproc > n_gpus:
-            print(f"{case.name}: skipped ({case.nproc} processes, {n_gpus} GPU(s))")
-            continue
-        plan_device, est = estimated(case.args, root / f"e{i}")
-        assert plan_device == device, (plan_device, device)
+
+    def chosen(name: str) -> bool:
+        return any(p in name for p in args.only) if args.only else name in COMPILE_ROWS
+
+    for i, case, est in runnable(chosen, n_gpus, root):
         t0 = time.time()
         eager = measured_mib(case.args, root / f"m{i}") - base
         t1 = time.time()
@@ -558,15 +546,38 @@ def measure_compiled(args: argparse.Namespace, root: Path, saved: dict) -> None:
             f"compiled {comp:6.0f} ({comp / est['estimate']:.2f})  {t1 - t0:.0f} s / {time.time() - t1:.0f} s",
             flush=True,
         )
-        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         compiled.setdefault("meta", {})[device] = (
-            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(start))} UTC, {platform.node() or 'this machine'}, "
-            f"{os.cpu_count()} CPUs, load average {load}, {time.time() - start:.0f} s, torch {torch_version()}"
+            f"{machine(start)}, {time.time() - start:.0f} s, torch {torch_version()}"
         )
         compiled["bases"] = f"{device}: eager {base:.0f} MiB, compiled {base_c:.0f} MiB"
         write(saved["rows"], saved["meta"], args.out, compiled)  # after every row
     print()
     print(compile_table(compiled))
+
+
+def runnable(wanted: Callable[[str], bool], n_gpus: int, root: Path) -> Iterator[tuple[int, Case, dict[str, float]]]:
+    """``(index, case, plan estimate)`` of the :data:`CASES` that ``wanted`` picks by name and
+    this machine can run (on CUDA: those that need no more GPUs than it has; the rest are
+    reported skipped)."""
+    device = "cuda" if n_gpus else "cpu"
+    for i, case in enumerate(CASES):
+        if not wanted(case.name):
+            continue
+        if device == "cuda" and case.nproc > n_gpus:
+            print(f"{case.name}: skipped ({case.nproc} processes, {n_gpus} GPU(s))")
+            continue
+        plan_device, est = estimated(case.args, root / f"e{i}")
+        assert plan_device == device, (plan_device, device)
+        yield i, case, est
+
+
+def machine(start: float) -> str:
+    """When a measurement started and on what: the record's provenance line."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(start))} UTC, {platform.node() or 'this machine'}, "
+        f"{os.cpu_count()} CPUs, load average {load}"
+    )
 
 
 def torch_version() -> str:
