@@ -353,7 +353,8 @@ def test_out_is_a_new_real_path_olmx_can_write(tmp_path) -> None:
 def test_an_export_killed_at_random_instants_is_redone_by_the_next(exported, tmp_path) -> None:
     """Fault injection: ``olmx export hf`` SIGKILLed at random instants of its duration (the seed
     is printed; ``OLMX_FAULT_SEED`` replays it), then run again to the same ``--out``: the rerun
-    succeeds with the uninterrupted export's files, and the killed one's partial copy is gone."""
+    succeeds with the uninterrupted export's files, and the killed one's partial copy is gone. An
+    export whose final rename came before its kill is whole and is not written over."""
     import os
     import random
     import subprocess
@@ -375,7 +376,13 @@ def test_an_export_killed_at_random_instants_is_redone_by_the_next(exported, tmp
         time.sleep(at)
         proc.kill()
         proc.wait()
+        finished = out.exists()
         rerun = olmx_cli("export", "hf", str(exported["run"]), "--out", str(out))
-        assert rerun.returncode == 0, (seed, at, rerun.stderr)
+        if finished:
+            # The kill came after the export's final rename (a startup faster than the timed
+            # one): its export is whole, and a second export to the same --out refuses it.
+            assert rerun.returncode == 2 and "exists and is not empty" in rerun.stderr, (seed, at)
+        else:
+            assert rerun.returncode == 0, (seed, at, rerun.stderr)
         assert {p.name: p.read_bytes() for p in out.iterdir()} == reference, (seed, at)
         assert not [p.name for p in tmp_path.iterdir() if ".olmx-export-" in p.name], (seed, at)
