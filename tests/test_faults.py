@@ -1,6 +1,7 @@
 """Fault tolerance through the real CLI: preemption (SIGTERM), a killed rank with and without
 elastic restarts, a save killed halfway, a corrupt checkpoint, non-finite steps in both modes,
-unwritable and full run directories. Every interrupted run is compared, bitwise, with the same
+unwritable and full run directories, signals and kills at random instants of a run (planning,
+start-up, steps, saves). Every interrupted run is compared, bitwise, with the same
 run left alone (CPU, gloo, deterministic ops).
 
 Faults inside the workers are placed with ``OLMX_FAULTS`` (olmx/worker/faults.py); the
@@ -283,3 +284,118 @@ def test_resume_prunes_checkpoints_of_earlier_attempts(tmp_path):
         "step60",
         "step70-tmp",
     ]
+
+
+#: Where :func:`test_signals_and_kills_at_random_instants_resume_to_the_uninterrupted_result`
+#: interrupts a launch: a random delay after one of these moments.
+PHASES = ("planning", "start-up", "step", "save")
+#: What it sends: Ctrl-C (once, or twice 0.2 s apart), SIGTERM, SIGHUP to ``olmx train``, or
+#: SIGKILL to every process of the launch at once (a machine lost; only once training runs).
+FAULTS = ("SIGINT", "SIGINT SIGINT", "SIGTERM", "SIGHUP", "SIGKILL")
+
+
+def _interrupt(run: Path, cache: dict, rng, steps: list[str]) -> tuple[str, str, int, str]:
+    """One ``olmx train`` of ``run`` interrupted at a random instant of a random phase; checks
+    what every interruption must leave and returns (phase, fault, exit code, stderr)."""
+    import uuid
+
+    from olmx.rundir import LOCK_FILE, processes_with_env
+
+    phase, fault = rng.choice(PHASES), rng.choice(FAULTS)
+    if fault == "SIGKILL" and phase in ("planning", "start-up"):
+        phase = "step"
+    tag = uuid.uuid4().hex  # in the environment of the launcher and all it starts
+    env = {**os.environ, "OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1", **cache, "OLMX_FAULTS": "", "OLMX_TEST_LAUNCH": tag}
+    started = time.time()
+    fresh = lambda path: path.exists() and path.stat().st_mtime >= started  # noqa: E731
+    done = len(records(run)) if (run / "metrics.jsonl").exists() else 0
+    k = rng.randint(1, 3)
+    ready = {
+        "planning": lambda: True,
+        "start-up": lambda: fresh(run / "launch.json"),
+        "step": lambda: (run / "metrics.jsonl").exists() and len(records(run)) >= done + k,
+        "save": lambda: sum(map(fresh, (run / "checkpoints").glob("step*"))) >= k,
+    }[phase]
+    delay = rng.uniform(0, {"planning": 4.0, "start-up": 4.0, "step": 0.6, "save": 0.4}[phase])
+    err_path = run.parent / f"{run.name}.{tag}.err"
+    with open(err_path, "w+") as err:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "olmx", "train", *SMALL, f"trainer.run_dir={run}", *steps],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while not ready() and p.poll() is None:
+                assert time.monotonic() < deadline, f"timed out waiting for phase {phase}"
+                time.sleep(0.05)
+            time.sleep(delay)
+            if fault == "SIGKILL":
+                for pid in [p.pid, *processes_with_env("OLMX_TEST_LAUNCH", tag)]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            else:
+                for name in fault.split():
+                    p.send_signal(signal.Signals[name])
+                    time.sleep(0.2)
+            p.wait(timeout=300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    stderr = err_path.read_text()
+    what = (phase, round(delay, 2), fault, p.returncode, stderr[-3000:])
+    # Nothing of the launch outlives olmx train (after a SIGKILL, the workers it missed follow).
+    deadline = time.monotonic() + 60
+    while processes_with_env("OLMX_TEST_LAUNCH", tag):
+        assert fault == "SIGKILL" and time.monotonic() < deadline, what
+        time.sleep(0.2)
+    if fault == "SIGKILL":
+        return phase, fault, p.returncode, stderr
+    assert "Traceback" not in stderr, what
+    expected = {"SIGINT": {130}, "SIGTERM": {75, 143}, "SIGHUP": {75, 129}}[fault.split()[0]]
+    # 0: the run ended before the signal came; -N: the signal came before olmx installed its
+    # handlers (planning: nothing was started, nothing is left but a stale lock).
+    assert p.returncode in expected | {0, -signal.Signals[fault.split()[0]].value}, what
+    if p.returncode == -signal.Signals[fault.split()[0]].value:
+        assert not fresh(run / "launch.json"), what  # killed before it launched anything
+    else:
+        assert not (run / LOCK_FILE).exists(), what  # released by the launcher that held it, at the end
+    import re
+
+    named = re.search(r"checkpoint saved at step (\d+)", " ".join(stderr.split()))
+    if named:
+        assert (run / "checkpoints" / f"step{named.group(1)}" / ".metadata.json").is_file(), what
+    if p.returncode in (75,):
+        assert named, what
+    return phase, fault, p.returncode, stderr
+
+
+def test_signals_and_kills_at_random_instants_resume_to_the_uninterrupted_result(tmp_path, cache, reference_run):
+    """Fault injection at random instants (the seed is printed; ``OLMX_FAULT_SEED`` replays it,
+    ``OLMX_FAULT_ROUNDS`` sets how many interruptions): a launch with a checkpoint every step is
+    interrupted during planning, start-up, a step or a save, by Ctrl-C (once or twice), SIGTERM,
+    SIGHUP, or a SIGKILL of all its processes at once. Each signal ends in one message with
+    exit 130 (Ctrl-C), 75 and the checkpoint it names, or the signal's own code when nothing was
+    saved; olmx train never returns while a process of the launch runs and releases the lock
+    only then. Then the run is resumed to its end: the same losses and the same final model and
+    optimizer state, bit for bit, as the run left alone."""
+    import random
+
+    seed = int(os.environ.get("OLMX_FAULT_SEED", random.randrange(2**32)))
+    rounds = int(os.environ.get("OLMX_FAULT_ROUNDS", 3))
+    print(f"fault seed {seed}")
+    rng = random.Random(seed)
+    run = tmp_path / "run"
+    steps = [*REFERENCE_STEPS, "trainer.save_interval=1"]
+    seen = [_interrupt(run, cache, rng, steps)[:3] for _ in range(rounds)]
+    print(seen)
+    proc = train(run, cache, *steps)
+    assert proc.returncode == 0, (seed, seen, explain(proc, run))
+    ref = reference_run
+    assert losses(records(run)) == losses(records(ref)), (seed, seen)
+    assert_same_state(
+        checkpoint_state(run / "checkpoints" / "step12"), checkpoint_state(ref / "checkpoints" / "step12")
+    )
