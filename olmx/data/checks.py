@@ -168,6 +168,8 @@ def check_sources(run: RunConfig) -> list[tuple[str, str]]:
             if d.name == "numpy":
                 for path in files:
                     tokens.inspect_token_file(path, tok.vocab_size)
+            elif tok.path:  # decoded by a tokenizer: UTF-8 text only
+                tokens.check_text(files)
         except ConfigError as exc:
             raise ConfigError(field, _message(exc)) from None
         for path in files:

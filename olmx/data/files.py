@@ -453,10 +453,16 @@ def tokenizer_corpus_tokens(data: DataConfig, files: list[Path]) -> tuple[int, b
     cache = text_cache_file(data, files)
     if cache.is_file():
         return cache.stat().st_size // np.dtype(token_dtype(tok.vocab_size)).itemsize, True
-    for path in files if data.name == "text" else []:  # the worker decodes them: not UTF-8 is refused now
+    if data.name == "text":  # the worker decodes them: not UTF-8 is refused now
+        check_text(files)
+    return byte_corpus_tokens(files) + (len(files) if tok.bos_id is not None else 0), False
+
+
+def check_text(files: list[Path]) -> None:
+    """:func:`check_utf8` of each file, each version of a file read once per process."""
+    for path in files:
         st = path.stat()
         _utf8_once(str(path), st.st_size, st.st_mtime_ns)
-    return byte_corpus_tokens(files) + (len(files) if tok.bos_id is not None else 0), False
 
 
 @functools.lru_cache(maxsize=None)

@@ -368,10 +368,11 @@ def test_a_tokenizer_whose_template_adds_bos_and_eos_gets_both_per_document(corp
 
 
 def test_text_that_is_not_utf8_is_refused_by_the_plan_and_python_sources_decode_as_python(corpus, tmp_path) -> None:
-    """``data=text``: a Latin-1 file among the inputs is refused at plan time, naming the file
-    and the byte (it used to pass the plan and fail in every worker). ``data=stdlib``: the
-    standard library's test modules in Latin-1, KOI8-R or with a broken coding line are Python
-    source, decoded as Python does (each of them stopped the worker before)."""
+    """``data=text``: a Latin-1 file among the inputs is refused at plan time, naming the file,
+    the byte and the field that lists it, a mixture's source included (it used to pass the plan
+    and fail in every worker). ``data=stdlib``: the standard library's test modules in Latin-1,
+    KOI8-R or with a broken coding line are Python source, decoded as Python does (each of them
+    stopped the worker before)."""
     from olmx.data.encode import Specials, tokenize_to_file
 
     latin = tmp_path / "latin.txt"
@@ -380,6 +381,15 @@ def test_text_that_is_not_utf8_is_refused_by_the_plan_and_python_sources_decode_
     with pytest.raises(ConfigError) as info:
         _plan("data=text", f"data.paths=[{good},{latin}]", f"data.tokenizer.path={corpus['tok']}")
     assert str(info.value).startswith(f"data.paths: {latin} is not UTF-8 text (byte 3): invalid continuation byte")
+    with pytest.raises(ConfigError) as info:  # in a mixture: named under its source
+        _plan(
+            "data=text",
+            "data.paths=[]",
+            f"+data.sources.web.paths=[{good}]",
+            f"+data.sources.old.paths=[{latin}]",
+            f"data.tokenizer.path={corpus['tok']}",
+        )
+    assert str(info.value).startswith(f"data.sources.old.paths: {latin} is not UTF-8 text (byte 3)")
 
     koi8 = tmp_path / "module_koi8_r.py"  # as the standard library's test modules are
     koi8.write_bytes("# -*- coding: koi8-r -*-\nname = '\u043f\u0440\u0438\u0432\u0435\u0442'\n".encode("koi8-r"))
