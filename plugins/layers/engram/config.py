@@ -26,6 +26,9 @@ AUTO_SHARD_MIN_BYTES = 1 << 30
 #: Bytes per table parameter of training state: float32 weight, float32 gradient and Adam's two
 #: float32 moments.
 STATE_BYTES_PER_PARAM = 16
+#: Largest ``max_ngram_size``: orders beyond the paper's 2-3 add tables that hash ever rarer
+#: n-grams (and the plan lists every order: 2**31 of them took more than 6 GiB to plan).
+MAX_NGRAM = 16
 #: The official demo sizes each head's table at 5 x the tokenizer vocabulary (129280 * 5).
 VOCAB_MULTIPLE = 5
 
@@ -39,8 +42,9 @@ class EngramLayerConfig:
     #: says "2 and 15"; read the same way, the paper's best pair in its 12-layer ablation,
     #: "2 and 6", is [1, 6]; deeper placement is worse there); [1] for 2 or 3 blocks, [0] for one.
     layer_ids: Optional[list[int]] = setting(None, ge=0, items=True, integer=True)
-    #: N: hash n-grams of orders 2..N (also the convolution's dilation).
-    max_ngram_size: int = setting(3, ge=2)
+    #: N: hash n-grams of orders 2..N (also the convolution's dilation); at most
+    #: :data:`MAX_NGRAM` (the paper uses 2-3; each order adds K tables).
+    max_ngram_size: int = setting(3, ge=2, le=MAX_NGRAM)
     #: K: hash heads (tables) per order.
     n_head_per_ngram: int = setting(8, ge=1)
     #: Width of one order's concatenated heads (each head's rows are this / K wide).

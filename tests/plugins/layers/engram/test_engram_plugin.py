@@ -75,7 +75,7 @@ def test_plan_shows_tables_and_traffic(tmp_path, monkeypatch):
         ),
         (["layers.engram.layer_ids=[]"], "layers.engram.layer_ids", "must name at least one block"),
         (["layers.engram.layer_ids=[1,1]"], "layers.engram.layer_ids", "[1, 1] has duplicates"),
-        (["layers.engram.max_ngram_size=1"], "layers.engram.max_ngram_size", "an integer >= 2, got 1"),
+        (["layers.engram.max_ngram_size=1"], "layers.engram.max_ngram_size", "an integer in [2, 16], got 1"),
         (["layers.engram.n_head_per_ngram=0"], "layers.engram.n_head_per_ngram", "a positive integer, got 0"),
         (["layers.engram.kernel_size=0"], "layers.engram.kernel_size", "a positive integer, got 0"),
         (["layers.engram.sharding=3d"], "layers.engram.sharding", "replicated, 1d, 2d"),
