@@ -84,6 +84,20 @@ CONFIG_GROUPS: dict[str, str] = {
     "tracker": "trackers",
 }
 
+#: Kinds of which a run selects exactly one plugin. Their section is flat, the choice and its
+#: settings side by side (``precision=mxfp8 precision.emulate=true``, ``infra=slurm
+#: infra.nodes=2``); the other kinds are lists with one section per plugin (``layers=[engram]
+#: layers.engram.n=3``). :func:`config_section` is the one rule.
+SINGLE_KINDS: tuple[str, ...] = ("precision", "infra")
+
+
+def config_section(kind: str, name: str) -> str:
+    """The run-config key of plugin ``name`` of ``kind``: the group itself for a single-choice
+    kind (``precision``, ``infra``), else ``group.name`` (``layers.moe``, ``parallel.fsdp``)."""
+    group = CONFIG_GROUPS[kind]
+    return group if kind in SINGLE_KINDS else f"{group}.{name}"
+
+
 #: The order in which the core calls ``resolve``, ``apply_train_module`` and ``callbacks`` of
 #: a run's plugins, by kind (within ``layer``: by :attr:`LayerPlugin.order`). Parallel plugins
 #: set the train module's parallel configs, the precision plugin adds to them, layers after them
@@ -354,8 +368,9 @@ class Plugin:
 
     @property
     def section(self) -> str:
-        """The plugin's config key in the run: ``layers.moe``, ``parallel.fsdp``, ``infra``."""
-        return "infra" if self.kind == "infra" else f"{CONFIG_GROUPS[self.kind]}.{self.name}"
+        """The plugin's config key in the run: ``layers.moe``, ``parallel.fsdp``, ``precision``,
+        ``infra`` (:func:`config_section`)."""
+        return config_section(self.kind, self.name)
 
     def resolve(self, cfg: Any, ctx: Context) -> Contribution:
         """Check ``cfg`` against the run; plan rows, parameters and decisions. Default: nothing."""

@@ -233,7 +233,7 @@ def plugins_show(
     from rich.markup import escape
     from rich.table import Table
 
-    from olmx.api import CONFIG_GROUPS
+    from olmx.api import CONFIG_GROUPS, SINGLE_KINDS, config_section
     from olmx.config.docs import schema_rows
     from olmx.errors import PluginError
     from olmx.registry import registry
@@ -248,10 +248,10 @@ def plugins_show(
     entry = matches[0]
     plugin = reg.get(entry.kind, entry.name)
     group = CONFIG_GROUPS[entry.kind]
-    prefix = f"{group}." if entry.kind == "infra" else f"{group}.{name}."
+    prefix = f"{config_section(entry.kind, name)}."
     out.print(f"[bold]{name}[/] ({entry.kind}, {entry.dist} {entry.version}): {plugin.description}")
     out.print(
-        f"select with: {group}={name}" if entry.kind in ("infra", "precision") else f"select with: {group}=[{name}]",
+        f"select with: {group}={name}" if entry.kind in SINGLE_KINDS else f"select with: {group}=[{name}]",
         markup=False,  # "[fsdp]" is not a rich style
     )
     table = Table(show_lines=False)

@@ -180,7 +180,7 @@ def summarize(run: RunData) -> dict[str, str]:
     losses = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
     held = [(r["step"], r["eval/loss"]) for r in records if r.get("eval/loss") is not None]
     last_step = records[-1]["step"] if records else 0
-    precision = next(iter(cfg.get("precision", {}) or {"?": None}))
+    precision = (cfg.get("precision") or {}).get("name", "?")
     parallel = ",".join(cfg.get("parallel", {}) or []) or "none"
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
 

@@ -52,7 +52,17 @@ CATALOGUE = [
         "full, blocks, fine_grained",
     ),
     (["+parallel.ddp.bucket_mb=3"], "parallel.ddp.bucket_mb", "unknown key"),
-    (["precision=bf16", "precision.bf16.param_dtype=fp8"], "precision.bf16.param_dtype", "bfloat16, float32"),
+    (["precision=bf16", "precision.param_dtype=fp8"], "precision.param_dtype", "bfloat16, float32"),
+    # single-choice groups are flat; plugin keys name what is allowed or what to select
+    (
+        ["precision=mxfp8", "precision.mxfp8.emulate=true"],
+        "precision.mxfp8.emulate",
+        "precision is one flat section: write precision=mxfp8 precision.emulate=VALUE",
+    ),
+    (["precision.emulate=true"], "precision.emulate", "set by precision=fp8 or mxfp8; select one to set it"),
+    (["layers=[moe]", "layers.moe.topk=2"], "layers.moe.topk", "unknown key of layers.moe; allowed: num_experts,"),
+    (["layers.moe.top_k=2"], "layers.moe.top_k", "moe is not selected; add it: layers=[...,moe]"),
+    (["layers.mo.top_k=2"], "layers.mo.top_k", "no plugin 'mo' in layers; installed: "),
     (["infra.nproc_per_node=0"], "infra.nproc_per_node", "a positive integer or null, got 0"),
     (["infra.node_rank=3"], "infra.node_rank", "[0, infra.nnodes=1)"),
     (["--cfg", "job"], "--cfg", "not an olmx option"),

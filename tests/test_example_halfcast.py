@@ -90,7 +90,7 @@ def test_it_composes_with_layers_and_strategies_through_capabilities(env, tmp_pa
         "train",
         *SMALL,
         "precision=halfcast",
-        "precision.halfcast.require_sharding=true",
+        "precision.require_sharding=true",
         "parallel=[ddp_ep]",
         "layers=[moe]",
         f"trainer.run_dir={tmp_path / 'no'}",
@@ -98,7 +98,7 @@ def test_it_composes_with_layers_and_strategies_through_capabilities(env, tmp_pa
         env=env,
     )
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert refused.stderr.startswith("error: precision.halfcast.require_sharding: the 2 data-parallel ranks")
+    assert refused.stderr.startswith("error: precision.require_sharding: the 2 data-parallel ranks")
     assert not (tmp_path / "no").exists()
 
 

@@ -171,7 +171,8 @@ CATALOGUE = [
     (["parallel=[ddp,ddp]"], {}, "parallel", "'ddp' is listed twice in parallel=[ddp,ddp]; list each plugin once"),
     (["layers=[moe,moe]"], {}, "layers", "'moe' is listed twice in layers=[moe,moe]"),
     (["layers=[engram, moe, engram]"], {}, "layers", "'engram' is listed twice"),
-    (["precision=[fp32,fp32]"], {}, "precision", "'fp32' is listed twice"),
+    (["precision=[fp32,fp32]"], {}, "precision", "a run has one precision: precision=NAME, not a list"),
+    (["infra=[local]"], {}, "infra", "a run has one infra: infra=NAME, not a list"),
 ]
 
 

@@ -202,6 +202,7 @@ def test_installed_skeleton_is_used_by_train_dry_run(skeletons, tmp_path):
         "layers=[my_layer]",
         "layers.my_layer.blocks=[1,3]",
         "precision=my_precision",
+        "precision.autocast=true",
         "infra=my_infra",
         "trackers=[my_tracker]",
         f"trainer.run_dir={tmp_path}",
@@ -210,7 +211,8 @@ def test_installed_skeleton_is_used_by_train_dry_run(skeletons, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "layers.my_layer" in out and "precision.my_precision" in out and "trackers.my_tracker" in out
+    assert "layers.my_layer" in out and "trackers.my_tracker" in out
+    assert "precision:\n  name: my_precision\n  autocast: true" in out  # one flat section
     assert "│   blocks" in out and "1, 3" in out
     assert "--nproc-per-node=2" in out and "olmx run" in out  # infra=my_infra's dry run
     proc = olmx_cli("provision", "my_infra", "world", "--nproc-per-node", "3", env=env)

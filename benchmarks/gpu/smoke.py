@@ -165,13 +165,13 @@ VARIANTS = (
     ),
     Variant(
         "fp8 tensorwise fsdp",
-        ("precision=fp8", "precision.fp8.recipe=tensorwise", "parallel=[fsdp]"),
+        ("precision=fp8", "precision.recipe=tensorwise", "parallel=[fsdp]"),
         (8, 9),
-        cpu=("precision.fp8.emulate=true",),
+        cpu=("precision.emulate=true",),
     ),
     Variant(
         "fp8 rowwise fsdp",
-        ("precision=fp8", "precision.fp8.recipe=rowwise", "parallel=[fsdp]"),
+        ("precision=fp8", "precision.recipe=rowwise", "parallel=[fsdp]"),
         (9, 0),
         cpu="needs CUDA: torchao's rowwise float8 kernels (SM90)",
     ),

@@ -14,15 +14,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from olmx.api import CONFIG_GROUPS
+from olmx.api import CONFIG_GROUPS, SINGLE_KINDS, config_section
 from olmx.config import rules
 from olmx.config.schema import AUTO, AutoParallelConfig, RunConfig
 from olmx.errors import ConfigError
 from olmx.registry import Registry
 
-#: Kinds whose group is selected as a list/dict of named sections (``layers.moe.top_k``);
-#: ``infra`` is a single flat section with a ``name`` (``infra.nodes``).
-NESTED_KINDS = ("layer", "parallel", "precision", "tracker")
+#: Kinds whose group is selected as a list of named sections (``layers.moe.top_k``); the
+#: others (:data:`olmx.api.SINGLE_KINDS`) are one flat section with a ``name`` (``infra.nodes``).
+NESTED_KINDS = tuple(kind for kind in CONFIG_GROUPS if kind not in SINGLE_KINDS)
 
 
 def conf_dir() -> Path:
@@ -63,7 +63,7 @@ def register_plugin_options(reg: Registry) -> None:
     for (kind, name), plugin in reg.load_all().items():
         group = CONFIG_GROUPS[kind]
         defaults = _defaults_of(plugin.Config)
-        node = {"name": name, **defaults} if kind == "infra" else {name: defaults}
+        node = {"name": name, **defaults} if kind in SINGLE_KINDS else {name: defaults}
         cs.store(group=group, name=name, node=node, provider=f"olmx plugin {name}")
     # ``parallel=auto``: the plan chooses the strategies (olmx.plan.auto); a plugin cannot take the name.
     cs.store(group=CONFIG_GROUPS["parallel"], name=AUTO, node={AUTO: {}}, provider="olmx")
@@ -114,10 +114,12 @@ def _reject_hydra_flags(overrides: list[str]) -> None:
 
 def _reject_duplicate_selections(overrides: list[str]) -> None:
     """A plugin listed twice in a list-selected group (``parallel=[a,a]``, ``layers=[b,b]``):
-    Hydra's defaults list would silently keep one, so it is refused here, naming it."""
+    Hydra's defaults list would silently keep one, so it is refused here, naming it; so is a
+    list for a single-choice group (``precision=[a,b]``), which Hydra would merge into one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    groups = {CONFIG_GROUPS[kind] for kind in NESTED_KINDS}
+    groups = set(CONFIG_GROUPS.values())
+    single = {CONFIG_GROUPS[kind] for kind in SINGLE_KINDS}
     selecting = [o for o in overrides if o.lstrip("+~").partition("=")[0].partition("@")[0].strip() in groups]
     if not selecting:
         return
@@ -125,6 +127,9 @@ def _reject_duplicate_selections(overrides: list[str]) -> None:
         value = override.value() if not override.is_delete() else None
         if override.key_or_group not in groups or not isinstance(value, list):
             continue
+        if override.key_or_group in single:
+            group = override.key_or_group
+            raise ConfigError(group, f"a run has one {group}: {group}=NAME, not a list ({override.input_line})")
         names = [str(v) for v in value]
         twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
         if twice is not None:
@@ -157,7 +162,7 @@ def _config_error(exc: Exception, reg: Registry) -> ConfigError:
     override = re.search(r"Could not override '([^']+)'", text)
     if override:
         key = override.group(1)
-        return ConfigError(
+        return _plugin_key_error(key, reg) or ConfigError(
             key, f"no such key; to add a new key write +{key}=VALUE (see olmx train --dry-run for the keys)"
         )
     appended = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
@@ -170,6 +175,38 @@ def _config_error(exc: Exception, reg: Registry) -> ConfigError:
         return ConfigError(str(full_key), first)
     key = re.search(r"full_key: ([\w.\[\]]+)", text)
     return ConfigError(key.group(1) if key else "overrides", first)
+
+
+def _plugin_key_error(key: str, reg: Registry) -> ConfigError | None:
+    """Why ``key`` under a plugin group cannot be set (None: not a plugin group): a key the
+    plugin does not have (listing those it has), a plugin that is not selected, or the nested
+    spelling of a single-choice group (``precision.mxfp8.emulate``: ``precision.emulate``)."""
+    group, _, rest = key.partition(".")
+    kind = next((k for k, g in CONFIG_GROUPS.items() if g == group), None)
+    if kind is None or not rest:
+        return None
+    name, _, field = rest.partition(".")
+    names = reg.names(kind)
+    if kind in SINGLE_KINDS:
+        if name in names and field:
+            return ConfigError(key, f"{group} is one flat section: write {group}={name} {group}.{field}=VALUE")
+        having = [n for n in names if name in _field_names(reg, kind, n)]
+        if not having:
+            return None  # the selected plugin's allowed keys are in Hydra's message
+        return ConfigError(key, f"set by {group}={' or '.join(having)}; select one to set it")
+    if name not in names:
+        return ConfigError(key, f"no plugin '{name}' in {group}; installed: {', '.join(names) or 'none'}")
+    allowed = _field_names(reg, kind, name)
+    if field.partition(".")[0] not in allowed:
+        return ConfigError(key, f"unknown key of {group}.{name}; allowed: {', '.join(allowed)}")
+    return ConfigError(key, f"{name} is not selected; add it: {group}=[...,{name}]")
+
+
+def _field_names(reg: Registry, kind: str, name: str) -> list[str]:
+    try:
+        return [f.name for f in dataclasses.fields(reg.get(kind, name).Config)]
+    except Exception:  # noqa: BLE001 -- a broken plugin has no keys to offer
+        return []
 
 
 def _group_options(group: str, reg: Registry) -> list[str]:
@@ -191,25 +228,19 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
     sections: dict[str, Any] = {}
     for kind, group in CONFIG_GROUPS.items():
         raw = container.pop(group, {}) or {}
-        if kind == "infra":
+        if kind in SINGLE_KINDS:
             raw = dict(raw)
             name = raw.pop("name", None)
             if not name:
-                raise ConfigError("infra", f"choose an infra target: {', '.join(reg.names('infra'))}")
+                raise ConfigError(group, f"choose one: {group}=NAME, NAME one of {', '.join(reg.names(kind))}")
             raw = {name: raw}
-        if kind == "precision" and len(raw) != 1:
-            raise ConfigError(
-                "precision",
-                f"exactly one precision backend is used, got {sorted(raw) or 'none'}; "
-                f"allowed: {', '.join(reg.names('precision'))}",
-            )
         typed: dict[str, Any] = {}
         for name, values in raw.items():
             if kind == "parallel" and name == AUTO:
                 typed[name] = _typed(AutoParallelConfig, values or {}, f"{group}.{name}")
                 continue
             plugin = _plugin(reg, kind, group, name)
-            typed[name] = _typed(plugin.Config, values or {}, f"{group}.{name}" if kind != "infra" else group)
+            typed[name] = _typed(plugin.Config, values or {}, config_section(kind, name))
         sections[group] = typed
     try:
         base = OmegaConf.merge(OmegaConf.structured(RunConfig), container)
@@ -229,7 +260,7 @@ def _plugin(reg: Registry, kind: str, group: str, name: str) -> Any:
     try:
         return reg.get(kind, name)
     except PluginError as exc:
-        raise ConfigError(f"{group}.{name}" if kind != "infra" else group, str(exc)) from None
+        raise ConfigError(config_section(kind, name), str(exc)) from None
 
 
 def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:

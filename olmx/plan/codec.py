@@ -13,7 +13,7 @@ import types
 import typing
 from typing import Any, TypeVar, Union
 
-from olmx.api import CONFIG_GROUPS
+from olmx.api import CONFIG_GROUPS, SINGLE_KINDS
 from olmx.config import rules
 from olmx.errors import ConfigError, OlmxError
 
@@ -105,11 +105,13 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
 
 
 def run_to_data(run: Any) -> dict[str, Any]:
-    """Plain data of a typed RunConfig; the infra section flat (``{"name": "local", ...}``),
-    as in the YAML config."""
+    """Plain data of a typed RunConfig; the single-choice sections flat (``{"name": "local",
+    ...}``), as in the YAML config."""
     data = to_data(run)
-    name = run.infra_name
-    data["infra"] = {"name": name, **data["infra"][name]}
+    for kind in SINGLE_KINDS:
+        group = CONFIG_GROUPS[kind]
+        ((name, values),) = data[group].items()
+        data[group] = {"name": name, **values}
     return data
 
 
@@ -127,9 +129,11 @@ def run_from_data(data: dict[str, Any], reg: Any) -> Any:
         if not isinstance(raw, dict):
             raise PlanDataError(f"config.{group}: expected a mapping, got {_show(raw)}")
         raw = dict(raw)
-        if kind == "infra":
+        if kind in SINGLE_KINDS:
             if "name" not in raw:
-                raise PlanDataError(f"config.{group}: missing field(s) name")
+                earlier = len(raw) == 1 and isinstance(next(iter(raw.values())), dict)
+                why = f" (a {group}.NAME section: written by an olmx before {group} was flat)" if earlier else ""
+                raise PlanDataError(f"config.{group}: missing field(s) name{why}")
             if not isinstance(raw["name"], str):
                 raise PlanDataError(f"config.{group}.name: expected a string, got {_show(raw['name'])}")
             raw = {raw.pop("name"): raw}

@@ -65,17 +65,17 @@ class FP8Precision(LowPrecisionPlugin):
         """Check the recipe against the hardware and the model's dimensions; list the converted
         and the kept linear layers; the layers' ``[in, out]`` names the plan and the worker agree on."""
         if missing := missing_torchao():
-            raise ConfigError("precision.fp8", missing)
+            raise ConfigError(self.section, missing)
         need, world = RECIPES[cfg.recipe], ctx.world
         cc = world.compute_capability
         native = world.device == "cuda" and (cc is None or cc >= need)
         if not native and not cfg.emulate:
             raise ConfigError(
-                "precision.fp8",
+                self.section,
                 f"the {cfg.recipe} recipe needs an NVIDIA GPU with compute capability {need[0]}.{need[1]} or newer "
                 f"(FP8 tensor cores: {'L40S, L4, ' if need < (9, 0) else ''}H100, H200, B200); "
                 f"found {hardware(world)}. "
-                "Use precision=bf16, another recipe, or precision.fp8.emulate=true for torchao's emulation",
+                "Use precision=bf16, another recipe, or precision.emulate=true for torchao's emulation",
             )
         tokens, how = ctx.tokens_per_rank()
         if tokens % ALIGNMENT:
@@ -85,7 +85,7 @@ class FP8Precision(LowPrecisionPlugin):
                 f"of {ALIGNMENT}: {how} = {tokens} tokens",
             )
         converted, kept = split_planned(
-            ctx, exclude=cfg.exclude, multiple=ALIGNMENT, unit="FP8's alignment", section="precision.fp8"
+            ctx, exclude=cfg.exclude, multiple=ALIGNMENT, unit="FP8's alignment", section=self.section
         )
         kernels = (
             "EMULATED: torchao scales and casts each operand, then multiplies in high precision (slow; "

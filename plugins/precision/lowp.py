@@ -30,11 +30,11 @@ class LowPrecisionConfig:
     #: GPU kernels: the same numerics on any device, this CPU included, but slow. For checking
     #: numerics, not for speed.
     emulate: bool = False
-    #: dtype of everything that is not a converted linear layer, as ``precision.bf16.param_dtype``
+    #: dtype of everything that is not a converted linear layer, as ``precision.param_dtype``
     #: (FSDP all-gather dtype, else autocast). null: bfloat16, except float32 on CPU where
     #: parameters are not sharded (torchao 0.15's layers follow CUDA autocast only).
     param_dtype: str | None = None
-    #: dtype of the gradient reduction, as ``precision.bf16.reduce_dtype``.
+    #: dtype of the gradient reduction, as ``precision.reduce_dtype``.
     reduce_dtype: str = "float32"
     #: More module-name patterns (fnmatch on names such as ``blocks.0.attention.w_q``) to keep
     #: in high precision, besides the layers the model and layer plugins mark (the output
@@ -62,7 +62,7 @@ def keep_reason(
     subclass: bool = False,
     multiple: int = BLOCK_SIZE,
     unit: str = "the MX block size",
-    section: str = "precision.mxfp8",
+    section: str = "precision",
 ) -> str | None:
     """Why the linear layer ``name`` stays in high precision, or None if it is converted: the
     user's ``exclude`` patterns, the reason its owner gave (``keep``, :class:`LinearLayer`), an

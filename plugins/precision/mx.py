@@ -65,10 +65,10 @@ def apply_mxfp8(model: nn.Module, cfg: MXFP8Config, *, convert: list[str], emula
         if torch.cuda.is_available() and torch.cuda.get_device_capability() < MIN_COMPUTE_CAPABILITY:
             need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
             raise ConfigError(
-                "precision.mxfp8",
+                "precision",
                 f"this worker's GPU {torch.cuda.get_device_name()} has compute "
                 f"capability {torch.cuda.get_device_capability()}, MXFP8 needs {need}+; "
-                f"set precision.mxfp8.emulate=true to emulate",
+                f"set precision.emulate=true to emulate",
             )
         from olmo_core.float8 import Float8Config
 

@@ -64,16 +64,16 @@ class MXFP8Precision(LowPrecisionPlugin):
         and the kept linear layers; state what is kept in which dtype."""
         run, world = ctx.run, ctx.world
         if missing := missing_torchao():
-            raise ConfigError("precision.mxfp8", missing)
+            raise ConfigError(self.section, missing)
         cc = world.compute_capability
         native = world.device == "cuda" and (cc is None or cc >= MIN_COMPUTE_CAPABILITY)
         if not native and not cfg.emulate:
             need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
             raise ConfigError(
-                "precision.mxfp8",
+                self.section,
                 f"MXFP8 needs an NVIDIA GPU with compute capability {need} or newer (SM100: B200, GB200, B300), whose "
                 f"tensor cores multiply block-scaled FP8; found {hardware(world)}. Use precision=bf16, or set "
-                f"precision.mxfp8.emulate=true to run torchao's emulated MX recipe (same numerics, slow)",
+                f"precision.emulate=true to run torchao's emulated MX recipe (same numerics, slow)",
             )
         tokens, how = ctx.tokens_per_rank()
         if tokens % BLOCK_SIZE:
@@ -91,7 +91,7 @@ class MXFP8Precision(LowPrecisionPlugin):
             )
 
         converted, kept = split_planned(
-            ctx, exclude=cfg.exclude, multiple=BLOCK_SIZE, unit="the MX block size", section="precision.mxfp8"
+            ctx, exclude=cfg.exclude, multiple=BLOCK_SIZE, unit="the MX block size", section=self.section
         )
         kernels = (
             "EMULATED: torchao quantizes and dequantizes each operand in software, then multiplies in high "

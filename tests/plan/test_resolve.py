@@ -69,4 +69,4 @@ def test_plan_round_trips_through_yaml(tmp_path):
     path = plan.save()
     assert path == tmp_path / "r" / "plan.yaml"
     assert Plan.load(path) == plan
-    assert plan.sections["precision.bf16"][1] == ("compute (all-gathered parameters)", "bfloat16")
+    assert plan.sections["precision"][1] == ("compute (all-gathered parameters)", "bfloat16")

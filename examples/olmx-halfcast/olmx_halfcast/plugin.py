@@ -24,7 +24,7 @@ from olmx.errors import ConfigError
 
 @dataclass
 class HalfcastConfig:
-    """Settings of ``precision.halfcast``."""
+    """Settings of ``precision``."""
 
     #: Reduce gradients in bfloat16 where the data-parallel strategy shards parameters.
     half_reduce: bool = True
@@ -44,10 +44,10 @@ class HalfcastPrecision(PrecisionPlugin):
         """bfloat16 compute; the reduction by what the mesh can do."""
         if cfg.require_sharding and world.size > 1 and not mesh.shards_params:
             raise ConfigError(
-                "precision.halfcast.require_sharding",
+                "precision.require_sharding",
                 f"the {mesh.dp} data-parallel ranks keep full replicas, so gradients would be "
                 "reduced in float32; use a data-parallel strategy that shards parameters, or "
-                "set precision.halfcast.require_sharding=false",
+                "set precision.require_sharding=false",
             )
         half = cfg.half_reduce and mesh.shards_params
         return Dtypes(param="bfloat16", reduce="bfloat16" if half else "float32")

@@ -28,14 +28,14 @@ def test_it_is_a_precision_plugin():
 
 def test_the_yaml_preset_holds_the_config_defaults():
     preset = yaml.safe_load((files("olmx_halfcast.conf") / "precision" / "halfcast.yaml").read_text())
-    assert preset == {"halfcast": dataclasses.asdict(HalfcastConfig())}
+    assert preset == {"name": "halfcast", **dataclasses.asdict(HalfcastConfig())}
 
 
 def test_dtypes_follow_the_mesh():
     assert HALFCAST.dtypes(HalfcastConfig(), None, WORLD, SHARDED) == Dtypes(param="bfloat16", reduce="bfloat16")
     assert HALFCAST.dtypes(HalfcastConfig(), None, WORLD, REPLICATED) == Dtypes(param="bfloat16", reduce="float32")
     assert HALFCAST.dtypes(HalfcastConfig(half_reduce=False), None, WORLD, SHARDED).reduce == "float32"
-    with pytest.raises(ConfigError, match="precision.halfcast.require_sharding: the 4 data-parallel ranks"):
+    with pytest.raises(ConfigError, match="precision.require_sharding: the 4 data-parallel ranks"):
         HALFCAST.dtypes(HalfcastConfig(require_sharding=True), None, WORLD, REPLICATED)
 
 

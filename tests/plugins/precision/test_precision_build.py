@@ -51,7 +51,7 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
 
     reg = registry()
     common = ["infra.nproc_per_node=1", "parallel=[]", *layers]
-    run = to_object(compose([*common, "precision=mxfp8", "precision.mxfp8.emulate=true"], reg), reg)
+    run = to_object(compose([*common, "precision=mxfp8", "precision.emulate=true"], reg), reg)
     plan = resolve(run, reg)
     dense_run = to_object(compose(common, reg), reg)  # the same model, before any conversion
     model = build_model(resolve(dense_run, reg), reg)
@@ -62,8 +62,8 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
         if isinstance(m, nn.Linear)
     ]
     assert sorted((x.name, x.in_features, x.out_features, x.subclass) for x in planned) == sorted(built)
-    convert = plan.decisions["precision.mxfp8"]["convert"]
-    assert dict(plan.sections["precision.mxfp8"])["MXFP8 linear layers"].startswith(f"{len(convert)}: ")
+    convert = plan.decisions["precision"]["convert"]
+    assert dict(plan.sections["precision"])["MXFP8 linear layers"].startswith(f"{len(convert)}: ")
     assert not [name for name in convert if "engram" in name or name.startswith("lm_head")]  # marked keep
     # the worker converts exactly the plan's list in the built model
     assert apply_mxfp8(model, run.precision["mxfp8"], convert=convert, emulate=True) == sorted(convert)
@@ -140,7 +140,7 @@ def test_marked_layers_subclasses_excluded_and_odd_dims_stay_in_high_precision()
     assert why["blocks.0.moe.shared_expert.w1"].startswith("nn.Linear subclass")
     assert why["blocks.0.engram.key_proj"] == PROJECTION_KEEP  # the owner's reason, not a name pattern
     assert why["blocks.0.odd"] == "out_features=40 not a multiple of the MX block size 32"
-    assert why["blocks.0.mine"] == "precision.mxfp8.exclude matches '*.mine'"
+    assert why["blocks.0.mine"] == "precision.exclude matches '*.mine'"
     assert why["lm_head.w_out"] == HEAD_KEEP
     # a name alone keeps nothing: an unmarked layer called "router" or "engram" is converted
     assert keep_reason("blocks.0.router", 64, 64) is None and keep_reason("engram.x", 64, 64) is None
@@ -161,14 +161,14 @@ def test_the_core_applies_the_plans_dtypes_as_fsdp_mixed_precision_or_autocast(t
         run = to_object(compose(["infra.nproc_per_node=2", f"trainer.run_dir={tmp_path}", *overrides], reg), reg)
         return train_module_kwargs(resolve(run, reg), reg)
 
-    k = kwargs_for("parallel=[fsdp]", "precision=bf16", "precision.bf16.reduce_dtype=bfloat16")
+    k = kwargs_for("parallel=[fsdp]", "precision=bf16", "precision.reduce_dtype=bfloat16")
     assert (k["dp_config"].param_dtype, k["dp_config"].reduce_dtype) == (DType.bfloat16, DType.bfloat16)
     assert "autocast_precision" not in k
     k = kwargs_for("parallel=[ddp]", "precision=bf16")
     assert k["autocast_precision"] == DType.bfloat16 and k["dp_config"].param_dtype is None
-    k = kwargs_for("parallel=[ddp]", "precision=mxfp8", "precision.mxfp8.emulate=true")
+    k = kwargs_for("parallel=[ddp]", "precision=mxfp8", "precision.emulate=true")
     assert "autocast_precision" not in k  # CPU without sharding: the rest stays float32
-    k = kwargs_for("parallel=[fsdp]", "precision=mxfp8", "precision.mxfp8.emulate=true")
+    k = kwargs_for("parallel=[fsdp]", "precision=mxfp8", "precision.emulate=true")
     assert k["dp_config"].param_dtype == DType.bfloat16
 
 
@@ -184,13 +184,13 @@ def test_fp8_converts_exactly_the_layers_the_plan_lists(layers):
 
     reg = registry()
     run = to_object(
-        compose(["infra.nproc_per_node=1", "parallel=[]", *layers, "precision=fp8", "precision.fp8.emulate=true"], reg),
+        compose(["infra.nproc_per_node=1", "parallel=[]", *layers, "precision=fp8", "precision.emulate=true"], reg),
         reg,
     )
     plan = resolve(run, reg)
-    planned = plan.decisions["precision.fp8"]["convert"]
+    planned = plan.decisions["precision"]["convert"]
     model = build_model(plan, reg)
     assert sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear)) == planned
     assert "lm_head.w_out" not in planned and not [n for n in planned if "engram" in n or "shared_expert" in n]
-    rows = dict(plan.sections["precision.fp8"])
+    rows = dict(plan.sections["precision"])
     assert rows["FP8 linear layers"].startswith(f"{len(planned)}: ")

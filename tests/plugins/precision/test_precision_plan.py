@@ -40,7 +40,7 @@ def test_bf16_under_fsdp_is_the_fsdp_mixed_precision_policy():
     assert rows["compute (all-gathered parameters)"] == "bfloat16"
     assert rows["gradient reduction (reduce-scatter)"] == "float32"
     assert "dp_config.param_dtype=bfloat16, reduce_dtype=float32" in rows["mechanism"]
-    rows = plan_rows("bf16", CPU2, "parallel=[hsdp]", "precision.bf16.reduce_dtype=bfloat16")
+    rows = plan_rows("bf16", CPU2, "parallel=[hsdp]", "precision.reduce_dtype=bfloat16")
     assert rows["gradient reduction (reduce-scatter)"] == "bfloat16"
 
 
@@ -54,10 +54,10 @@ def test_bf16_under_ddp_is_autocast_over_float32_parameters():
 
 
 def test_bf16_refuses_bfloat16_reduction_without_sharding_and_unknown_dtypes():
-    err = refusal("bf16", CPU2, "parallel=[ddp]", "precision.bf16.reduce_dtype=bfloat16")
-    assert err.field == "precision.bf16.reduce_dtype" and "shards parameters (parallel=[fsdp]" in str(err)
-    err = refusal("bf16", CPU2, "precision.bf16.param_dtype=float16")
-    assert err.field == "precision.bf16.param_dtype" and "'float16' is not one of bfloat16, float32" in str(err)
+    err = refusal("bf16", CPU2, "parallel=[ddp]", "precision.reduce_dtype=bfloat16")
+    assert err.field == "precision.reduce_dtype" and "shards parameters (parallel=[fsdp]" in str(err)
+    err = refusal("bf16", CPU2, "precision.param_dtype=float16")
+    assert err.field == "precision.param_dtype" and "'float16' is not one of bfloat16, float32" in str(err)
 
 
 # -- mxfp8: hardware --------------------------------------------------------------------------
@@ -65,10 +65,10 @@ def test_bf16_refuses_bfloat16_reduction_without_sharding_and_unknown_dtypes():
 
 def test_mxfp8_refuses_a_cpu_naming_it_and_what_is_needed():
     err = refusal("mxfp8", CPU2)
-    assert err.field == "precision.mxfp8"
+    assert err.field == "precision"
     assert "found CPU only (no CUDA GPU)" in str(err)
     assert "compute capability 10.0 or newer (SM100: B200, GB200, B300)" in str(err)
-    assert "precision.mxfp8.emulate=true" in str(err)
+    assert "precision.emulate=true" in str(err)
 
 
 def test_mxfp8_refuses_hopper_naming_the_device_and_its_compute_capability():
@@ -87,7 +87,7 @@ def test_mxfp8_on_sm100_uses_olmo_core_float8_config_with_real_kernels():
 
 def test_mxfp8_emulation_runs_anywhere_and_says_it_is_slow():
     for world, parallel in ((CPU2, "[ddp]"), (H100, "[fsdp]")):
-        rows = plan_rows("mxfp8", world, f"parallel={parallel}", "precision.mxfp8.emulate=true")
+        rows = plan_rows("mxfp8", world, f"parallel={parallel}", "precision.emulate=true")
         assert rows["kernels"].startswith("EMULATED") and "slow" in rows["kernels"]
         assert "slow" in rows["warning"]
 
@@ -103,7 +103,7 @@ def test_mxfp8_lists_converted_and_kept_layers_with_reasons():
     rows = plan_rows_list(
         "mxfp8",
         CPU2,
-        "precision.mxfp8.emulate=true",
+        "precision.emulate=true",
         "model.n_layers=3",
         "model.d_model=64",
         "model.n_heads=4",
@@ -123,12 +123,12 @@ def test_mxfp8_lists_converted_and_kept_layers_with_reasons():
 
 
 def test_mxfp8_exclude_patterns_keep_layers():
-    rows = plan_rows_list("mxfp8", B200, "parallel=[fsdp]", "precision.mxfp8.exclude=[blocks.0.*]")
+    rows = plan_rows_list("mxfp8", B200, "parallel=[fsdp]", "precision.exclude=[blocks.0.*]")
     assert dict(rows)["MXFP8 linear layers"].startswith("21: blocks.*.attention.w_q (x3),")  # 4 blocks x 7 - 7
     assert kept(rows, "bfloat16")[0] == (
         "blocks.0.attention.w_q, blocks.0.attention.w_k, blocks.0.attention.w_v, blocks.0.attention.w_out, "
         "blocks.0.feed_forward.w1, blocks.0.feed_forward.w2, blocks.0.feed_forward.w3: "
-        "precision.mxfp8.exclude matches 'blocks.0.*'"
+        "precision.exclude matches 'blocks.0.*'"
     )
 
 
@@ -151,14 +151,12 @@ def test_mxfp8_refuses_micro_batches_whose_tokens_are_not_blocks_of_32():
 
 
 def test_mxfp8_other_ops_default_to_float32_on_cpu_without_sharding_and_bf16_under_fsdp():
-    rows = plan_rows("mxfp8", CPU2, "parallel=[ddp]", "precision.mxfp8.emulate=true")
+    rows = plan_rows("mxfp8", CPU2, "parallel=[ddp]", "precision.emulate=true")
     assert rows["compute outside MXFP8 layers"] == "float32 (no autocast)"
-    rows = plan_rows("mxfp8", CPU2, "parallel=[fsdp]", "precision.mxfp8.emulate=true")
+    rows = plan_rows("mxfp8", CPU2, "parallel=[fsdp]", "precision.emulate=true")
     assert rows["compute outside MXFP8 layers (all-gathered parameters)"] == "bfloat16"
-    err = refusal(
-        "mxfp8", CPU2, "parallel=[ddp]", "precision.mxfp8.emulate=true", "precision.mxfp8.param_dtype=bfloat16"
-    )
-    assert err.field == "precision.mxfp8.param_dtype" and "CPU autocast" in str(err)
+    err = refusal("mxfp8", CPU2, "parallel=[ddp]", "precision.emulate=true", "precision.param_dtype=bfloat16")
+    assert err.field == "precision.param_dtype" and "CPU autocast" in str(err)
 
 
 def test_sequence_parallel_degrees_divide_the_tokens_a_linear_layer_sees():

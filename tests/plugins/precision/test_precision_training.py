@@ -27,7 +27,7 @@ TINY = [
 ]
 ONE = ["infra.nproc_per_node=1", "parallel=[]", "trainer.micro_batch_size=8"]
 TWO = ["infra.nproc_per_node=2", "trainer.micro_batch_size=4"]
-EMULATE = ["precision=mxfp8", "precision.mxfp8.emulate=true"]
+EMULATE = ["precision=mxfp8", "precision.emulate=true"]
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +119,8 @@ def test_emulated_fp8_with_ddp_tracks_fp32(tmp_path, cache, fp32, recipe):
         *TWO,
         "parallel=[ddp]",
         "precision=fp8",
-        f"precision.fp8.recipe={recipe}",
-        "precision.fp8.emulate=true",
+        f"precision.recipe={recipe}",
+        "precision.emulate=true",
         "trainer.stop_at_step=15",
     )
     assert f"FP8 ({recipe}, emulated): 14 linear layers converted" in log
