@@ -13,8 +13,10 @@ rule allows and what was given. :func:`olmx.config.compose.to_object` runs it ov
 config and every plugin's ``Config`` before anything is derived from the values, so no later
 code meets a value its field forbids. :func:`allowed` is the same rule as text: ``olmx plugins
 show`` and the schema docs print it. A ``None`` value is always allowed here (an ``Optional``
-field's "off"); rules joining several fields (a divisibility, a bound that is another field)
-stay with the code that owns those fields. Plugins declare their fields' rules the same way.
+field's "off"). A divisibility between two fields of one section is declared too
+(``n_heads: int = setting(4, ge=1, divides="d_model")``), checked once both fields passed their
+own rules; rules that join fields of several sections, or the world, stay with the code that
+owns them. Plugins declare their fields' rules the same way.
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ class Rule:
     items: bool = False
     #: An integer field (the text says "integer").
     integer: bool = False
+    #: The name of a field of the same section this value must divide (both not None).
+    divides: str | None = None
 
     def describe(self) -> str:
         """The allowed values in words: ``a positive integer``, ``a number in (0, 1]``, ..."""
         if self.choices is not None:
             return f"one of {', '.join(self.choices)}"
-        bounds = self._bounds()
+        bounds = self._bounds() + (f" dividing {self.divides}" if self.divides else "")
         if self.length is not None:
             return f"{self.length} numbers" + (f", each {bounds}" if bounds else "")
         return f"each {bounds}" if self.items and bounds else bounds
@@ -120,12 +124,16 @@ def setting(
     length: int | None = None,
     items: bool = False,
     integer: bool | None = None,
+    divides: str | None = None,
 ) -> Any:
     """A dataclass field with ``default`` (or ``factory``) and the rule its values obey.
-    ``integer`` defaults to whether ``default`` is an int (the text says "integer")."""
+    ``integer`` defaults to whether ``default`` is an int (the text says "integer");
+    ``divides`` names a field of the same section the value must divide."""
     if integer is None:
         integer = isinstance(default, int) and not isinstance(default, bool)
-    rule = Rule(ge=ge, gt=gt, le=le, lt=lt, choices=choices, length=length, items=items, integer=integer)
+    rule = Rule(
+        ge=ge, gt=gt, le=le, lt=lt, choices=choices, length=length, items=items, integer=integer, divides=divides
+    )
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata={RULE_KEY: rule})
     return dataclasses.field(default=default, metadata={RULE_KEY: rule})
@@ -159,6 +167,16 @@ def check(config: Any, where: str) -> None:
             for name, item in value.items():
                 if dataclasses.is_dataclass(item) and not isinstance(item, type):
                     check(item, f"{key}.{name}")
+    for f in dataclasses.fields(config):  # every field passed its own rule: the divisibilities
+        rule = rule_of(f)
+        value = getattr(config, f.name)
+        if rule is None or rule.divides is None or value is None:
+            continue
+        other = getattr(config, rule.divides)
+        if other is not None and other % value:
+            key = f"{where}.{f.name}" if where else f.name
+            whole = f"{where}.{rule.divides}" if where else rule.divides
+            raise ConfigError(key, f"{value} must divide {whole}={other}")
 
 
 def _optional(f: dataclasses.Field) -> bool:

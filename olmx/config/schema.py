@@ -53,9 +53,9 @@ class ModelConfig:
     #: the plan lists every block's layers, so a typo of 2**31 blocks would exhaust its memory).
     n_layers: int = setting(4, ge=1, le=MAX_LAYERS)
     #: Attention query heads.
-    n_heads: int = setting(4, ge=1)
+    n_heads: int = setting(4, ge=1, divides="d_model")
     #: Key/value heads (grouped-query attention); null means equal to ``n_heads``.
-    n_kv_heads: Optional[int] = setting(None, ge=1, integer=True)
+    n_kv_heads: Optional[int] = setting(None, ge=1, integer=True, divides="n_heads")
     #: Hidden width of the gated (SwiGLU) feed-forward network.
     hidden_size: int = setting(512, ge=1)
     #: OLMo-core block type: ``default`` (pre-norm) or ``reordered_norm`` (OLMo 2/3 post-norm).

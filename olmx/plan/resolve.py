@@ -335,16 +335,12 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
 
 def _check_model(m: ModelConfig) -> None:
     """The model's rules that join fields (each field's own rule is checked by olmx.config.rules)."""
-    if m.d_model % m.n_heads:
-        raise ConfigError("model.n_heads", f"{m.n_heads} heads must divide model.d_model={m.d_model}")
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError(
             "model.d_model",
             f"model.d_model={m.d_model} / model.n_heads={m.n_heads} makes heads of {m.d_model // m.n_heads} "
             "dimensions; OLMo-core's RoPE rotates pairs of dimensions, so the head dimension must be even",
         )
-    if m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
-        raise ConfigError("model.n_kv_heads", f"{m.n_kv_heads} must divide model.n_heads={m.n_heads}")
 
 
 def _check_trainer(run: RunConfig) -> None:

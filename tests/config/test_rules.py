@@ -62,6 +62,29 @@ def test_the_checker_walks_sections_and_named_sections_and_names_the_field():
         assert str(info.value) == message
 
 
+@dataclasses.dataclass
+class _Heads:
+    width: int = setting(64, ge=1)
+    heads: int = setting(4, ge=1, divides="width")
+    groups: Optional[int] = setting(None, ge=1, integer=True, divides="heads")
+
+
+def test_a_divisibility_between_two_fields_is_declared_once_and_checked_after_their_own_rules():
+    check(_Heads(), "m")
+    check(_Heads(groups=2), "m")
+    assert Rule(ge=1, integer=True, divides="width").describe() == "a positive integer dividing width"
+    cases = [
+        (_Heads(heads=3), "m.heads: 3 must divide m.width=64"),
+        (_Heads(groups=3), "m.groups: 3 must divide m.heads=4"),
+        (_Heads(heads=0), "m.heads: must be a positive integer dividing width, got 0"),  # its own rule first
+        (_Heads(width=0, heads=3), "m.width: must be a positive integer, got 0"),  # never 0 % 3
+    ]
+    for config, message in cases:
+        with pytest.raises(ConfigError) as info:
+            check(config, "m")
+        assert str(info.value) == message
+
+
 #: Fields whose values are free (names, paths, URLs, dtypes checked with the precision rules,
 #: a seed, switches): everything else that is a number, a string or a list declares a rule.
 FREE = {

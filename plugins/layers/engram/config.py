@@ -46,7 +46,7 @@ class EngramLayerConfig:
     #: :data:`MAX_NGRAM` (the paper uses 2-3; each order adds K tables).
     max_ngram_size: int = setting(3, ge=2, le=MAX_NGRAM)
     #: K: hash heads (tables) per order.
-    n_head_per_ngram: int = setting(8, ge=1)
+    n_head_per_ngram: int = setting(8, ge=1, divides="n_embed_per_ngram")
     #: Width of one order's concatenated heads (each head's rows are this / K wide).
     n_embed_per_ngram: int = setting(512, ge=1)
     #: Configured rows of each head's table, per order (N-1 entries; the real sizes are the

@@ -75,11 +75,6 @@ class EngramLayer(LayerPlugin):
             raise ConfigError("layers.engram.layer_ids", f"{bad} outside [0, model.n_layers={m.n_layers})")
         if len(set(ids)) != len(ids):
             raise ConfigError("layers.engram.layer_ids", f"{ids} has duplicates")
-        if cfg.n_embed_per_ngram % cfg.n_head_per_ngram:
-            raise ConfigError(
-                "layers.engram.n_embed_per_ngram",
-                f"{cfg.n_embed_per_ngram} must be divisible by layers.engram.n_head_per_ngram={cfg.n_head_per_ngram}",
-            )
         sizes_cfg = vocab_sizes(cfg, vocab)
         if len(sizes_cfg) != cfg.max_ngram_size - 1:
             raise ConfigError(

@@ -59,8 +59,8 @@ def test_plan_shows_tables_and_traffic(tmp_path, monkeypatch):
         (["layers.engram.layer_ids=[5]"], "layers.engram.layer_ids", "[5] outside [0, model.n_layers=2)"),
         (
             ["layers.engram.n_embed_per_ngram=60"],
-            "layers.engram.n_embed_per_ngram",
-            "divisible by layers.engram.n_head_per_ngram=8",
+            "layers.engram.n_head_per_ngram",
+            "8 must divide layers.engram.n_embed_per_ngram=60",
         ),
         (["layers.engram.vocab_size_per_ngram=[100]"], "layers.engram.vocab_size_per_ngram", "needs 2 entries"),
         (
@@ -76,7 +76,11 @@ def test_plan_shows_tables_and_traffic(tmp_path, monkeypatch):
         (["layers.engram.layer_ids=[]"], "layers.engram.layer_ids", "must name at least one block"),
         (["layers.engram.layer_ids=[1,1]"], "layers.engram.layer_ids", "[1, 1] has duplicates"),
         (["layers.engram.max_ngram_size=1"], "layers.engram.max_ngram_size", "an integer in [2, 16], got 1"),
-        (["layers.engram.n_head_per_ngram=0"], "layers.engram.n_head_per_ngram", "a positive integer, got 0"),
+        (
+            ["layers.engram.n_head_per_ngram=0"],
+            "layers.engram.n_head_per_ngram",
+            "a positive integer dividing n_embed_per_ngram, got 0",
+        ),
         (["layers.engram.kernel_size=0"], "layers.engram.kernel_size", "a positive integer, got 0"),
         (["layers.engram.sharding=3d"], "layers.engram.sharding", "replicated, 1d, 2d"),
         (["layers.engram.sharding=2d"], "layers.engram.shard_degree", "sharding=2d needs a shard_degree"),
