@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from olmx.config.schema import RunConfig
     from olmx.plan import Plan
     from olmx.plan.execution import Execution
-    from olmx.plan.linears import LinearLayer
 
 
 def require_package(package: str, *, extra: str, field: str) -> None:
@@ -282,6 +281,24 @@ class Contribution:
 
 
 @dataclass(frozen=True)
+class LinearLayer:
+    """One ``nn.Linear`` of the built model, as the plan sees it without torch
+    (:meth:`Context.linear_layers`): what a precision plugin plans to convert."""
+
+    #: Fully qualified module name (``blocks.0.attention.w_q``).
+    name: str
+    #: Input features.
+    in_features: int
+    #: Output features.
+    out_features: int
+    #: True for an ``nn.Linear`` subclass (its own methods, e.g. a custom initialisation).
+    subclass: bool = False
+    #: Why this layer stays in high precision under any low-precision plugin (None: the
+    #: precision plugin's own rule decides).
+    keep: str | None = None
+
+
+@dataclass(frozen=True)
 class Context:
     """What a plugin's ``resolve`` checks against: the typed run, the world and what the
     earlier passes decided."""
@@ -296,13 +313,14 @@ class Context:
     layers: tuple[tuple[LayerPlugin, Any], ...] = ()
     #: The plan's execution decisions (attention rule, ``torch.compile``, metrics cadence).
     execution: Execution | None = None
+    #: The ``nn.Linear`` layers of the dense model before any layer plugin edits it
+    #: (:func:`olmx.plan.linears.dense_linears`).
+    dense_layers: tuple[LinearLayer, ...] = ()
 
     def linear_layers(self) -> list[LinearLayer]:
-        """The ``nn.Linear`` layers the built model will have (dense model, edited by every
-        layer plugin's :meth:`LayerPlugin.linear_layers`), without torch."""
-        from olmx.plan.linears import dense_linears
-
-        layers = dense_linears(self.run.model, self.vocab_size)
+        """The ``nn.Linear`` layers the built model will have (:attr:`dense_layers`, edited by
+        every layer plugin's :meth:`LayerPlugin.linear_layers`), without torch."""
+        layers = list(self.dense_layers)
         for plugin, cfg in self.layers:
             layers = plugin.linear_layers(cfg, self, layers)
         return layers

@@ -12,24 +12,9 @@ layer knows why, so no precision plugin needs another plugin's module names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class LinearLayer:
-    """One ``nn.Linear`` of the built model."""
-
-    #: Fully qualified module name (``blocks.0.attention.w_q``).
-    name: str
-    in_features: int
-    out_features: int
-    #: True for an ``nn.Linear`` subclass (its own methods, e.g. a custom initialisation).
-    subclass: bool = False
-    #: Why this layer stays in high precision under any low-precision plugin (None: the
-    #: precision plugin's own rule decides).
-    keep: str | None = None
-
+from olmx.api import LinearLayer
 
 #: Why the output head is never converted to a low-precision format.
 HEAD_KEEP = "output head: its logits feed the softmax and loss (OLMo-core never converts it)"

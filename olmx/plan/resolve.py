@@ -21,6 +21,7 @@ from olmx.errors import ConfigError, OlmxError
 from olmx.plan import BatchPlan, ParamCounts, Plan
 from olmx.plan.execution import kernel_warnings, resolve_execution
 from olmx.plan.hf import check_init_from
+from olmx.plan.linears import dense_linears
 from olmx.plan.memory import MemoryEstimate
 from olmx.plan.resume import check_resume
 from olmx.registry import Registry
@@ -204,14 +205,16 @@ def context(run: RunConfig, world: World, reg: Registry) -> Context:
     dtypes = precision.dtypes(run.precision[run.precision_name], run, world, mesh)
     check_dtypes(dtypes, mesh=mesh, world=world, field_prefix=precision.section)
     layers = tuple((plugin, cfg) for _, plugin, cfg in reg.layers_in_order(run.layers))
+    vocab = padded_vocab(run.data.tokenizer.vocab_size)
     ctx = Context(
         run=run,
         world=world,
         mesh=mesh,
         dtypes=dtypes,
-        vocab_size=padded_vocab(run.data.tokenizer.vocab_size),
+        vocab_size=vocab,
         layers=layers,
         execution=resolve_execution(run, world, dtypes),
+        dense_layers=tuple(dense_linears(run.model, vocab)),
     )
     if mesh.ep > 1:
         _check_experts(ctx, reg)

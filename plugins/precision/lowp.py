@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from olmx.api import Context, Dtypes, Mesh, PrecisionPlugin, World, setting
+from olmx.api import Context, Dtypes, LinearLayer, Mesh, PrecisionPlugin, World, setting
 from olmx.errors import ConfigError
-
-if TYPE_CHECKING:
-    from olmx.plan.linears import LinearLayer
 
 #: Elements sharing one E8M0 scale (OCP MX v1.0).
 BLOCK_SIZE = 32

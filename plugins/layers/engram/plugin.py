@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from olmx.api import Context, Contribution, LayerPlugin
+from olmx.api import Context, Contribution, LayerPlugin, LinearLayer
 from olmx.errors import ConfigError
 from olmx_plugins.layers.engram.config import (
     EngramLayerConfig,
@@ -239,11 +239,9 @@ class EngramLayer(LayerPlugin):
             shard_degree=cfg.shard_degree,
         )
 
-    def linear_layers(self, cfg: EngramLayerConfig, ctx: Context, layers: list[Any]) -> list[Any]:
+    def linear_layers(self, cfg: EngramLayerConfig, ctx: Context, layers: list[LinearLayer]) -> list[LinearLayer]:
         """The model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) plus each Engram
         block's key and value projections (from the concatenated lookups to ``d_model``)."""
-        from olmx.plan.linears import LinearLayer
-
         width = (cfg.max_ngram_size - 1) * cfg.n_embed_per_ngram
         m = ctx.run.model
         return layers + [

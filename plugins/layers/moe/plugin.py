@@ -31,7 +31,7 @@ import os
 from dataclasses import replace
 from typing import Any, Optional
 
-from olmx.api import Context, Contribution, LayerPlugin, Mesh, World
+from olmx.api import Context, Contribution, LayerPlugin, LinearLayer, Mesh, World
 from olmx.errors import ConfigError
 from olmx_plugins.layers.moe.config import MoEConfig, expert_hidden, moe_blocks
 
@@ -214,12 +214,10 @@ class MoELayer(LayerPlugin):
             decisions={"backend": backend},
         )
 
-    def linear_layers(self, cfg: MoEConfig, ctx: Context, layers: list[Any]) -> list[Any]:
+    def linear_layers(self, cfg: MoEConfig, ctx: Context, layers: list[LinearLayer]) -> list[LinearLayer]:
         """The model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) with MoE blocks: their
         dense feed-forward is gone; routers and routed experts are plain weights (not
         ``nn.Linear``); a shared expert brings three ``nn.Linear`` subclasses (seeded init)."""
-        from olmx.plan.linears import LinearLayer
-
         blocks = moe_blocks(cfg, ctx.run.model.n_layers)
         gone = tuple(f"blocks.{i}.feed_forward." for i in blocks)
         out = [layer for layer in layers if not layer.name.startswith(gone)]

@@ -121,7 +121,8 @@ def test_sm100_path_goes_through_olmo_core_float8_config_with_the_same_layers(mo
 
 
 def test_marked_layers_subclasses_excluded_and_odd_dims_stay_in_high_precision():
-    from olmx.plan.linears import HEAD_KEEP, LinearLayer
+    from olmx.api import LinearLayer
+    from olmx.plan.linears import HEAD_KEEP
     from olmx_plugins.layers.engram.plugin import PROJECTION_KEEP
 
     layers = [
