@@ -4,6 +4,9 @@ The one way through is ``argv -> DictConfig -> RunConfig -> Plan -> (model, trai
 processes``; see ``docs`` in the repository and :mod:`olmx.cli`.
 """
 
+#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
+__all__ = ["__version__", "PLUGIN_API"]
+
 __version__ = "0.1.0"
 
 #: Version of the plugin contract in :mod:`olmx.api`. A plugin declares the range it

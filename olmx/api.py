@@ -54,6 +54,36 @@ if TYPE_CHECKING:
     from olmx.plan import Plan
     from olmx.plan.execution import Execution
 
+#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
+__all__ = [
+    "PUBLIC_MODULES",
+    "World",
+    "Layout",
+    "Mesh",
+    "Dtypes",
+    "Contribution",
+    "LinearLayer",
+    "Context",
+    "Plugin",
+    "LayerPlugin",
+    "ParallelPlugin",
+    "PrecisionPlugin",
+    "InfraPlugin",
+    "TrackerPlugin",
+    "setting",
+    "require_package",
+    "config_section",
+    "GROUPS",
+    "CONFIG_GROUPS",
+    "SINGLE_KINDS",
+    "KIND_ORDER",
+    "FF_H",
+    "DEFAULT_LAYER_ORDER",
+    "DTYPES",
+    "CLAIMABLE_DIMS",
+    "PARALLEL_CAPABILITIES",
+]
+
 
 def require_package(package: str, *, extra: str, field: str) -> None:
     """Refuse the plan (:class:`ConfigError` naming ``field``) when ``package`` cannot be
@@ -64,6 +94,26 @@ def require_package(package: str, *, extra: str, field: str) -> None:
     if importlib.util.find_spec(package) is None:
         raise ConfigError(field, f"needs the {package} package, which is not installed: pip install 'olmx[{extra}]'")
 
+
+#: All of olmx a plugin may import: this contract and the few modules it declares public,
+#: each of which lists its public names in ``__all__`` (an architecture test holds plugins to
+#: it): errors; planning a run from overrides (a plugin's tests, its own commands); what an
+#: infra target shares with the local one (the torchrun command, the run directory and its
+#: events, following and diagnosing a launch, this machine's devices); the halo exchange a
+#: token-local layer needs under a sequence-sharded mesh.
+PUBLIC_MODULES: tuple[str, ...] = (
+    "olmx",
+    "olmx.api",
+    "olmx.errors",
+    "olmx.planning",
+    "olmx.launch",
+    "olmx.launch.devices",
+    "olmx.launch.failures",
+    "olmx.launch.monitor",
+    "olmx.rundir",
+    "olmx.events",
+    "olmx.worker.halo",
+)
 
 #: Plugin kind -> entry-point group.
 GROUPS: dict[str, str] = {
@@ -102,6 +152,11 @@ def config_section(kind: str, name: str) -> str:
 #: set the train module's parallel configs, the precision plugin adds to them, layers after them
 #: (optimizer groups of their own parameters); trackers last: they only record the run.
 KIND_ORDER: tuple[str, ...] = ("parallel", "precision", "layer", "tracker")
+
+#: h-wide tensors per token a SwiGLU feed-forward of hidden width h keeps for its backward
+#: pass (the two projections' outputs, the SiLU and the product): what the memory model
+#: counts, and what a layer plugin with SwiGLU experts counts in its activation estimate.
+FF_H = 4
 
 #: ``order`` of a layer plugin that does not set one.
 DEFAULT_LAYER_ORDER = 50

@@ -72,7 +72,6 @@ def train(
     ),
 ) -> None:
     """Compose the config, resolve the plan, and train (or print it with --dry-run)."""
-    from olmx.config.compose import config_yaml
     from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
@@ -82,7 +81,7 @@ def train(
     infra = reg.get("infra", run.infra_name)
     if dry_run:
         out.print("# resolved config", style="bold")
-        out.print(config_yaml(plan.run), markup=False)  # as resolved: data.tokenizer.path's ids
+        out.print(plan.config_yaml(), markup=False)  # as resolved: data.tokenizer.path's ids
         print_plan(plan)
         out.print("\n# launch", style="bold")
         out.print(infra.dry_run(plan.infra, plan), markup=False)
@@ -140,12 +139,10 @@ def print_plan(plan: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from olmx.plan.resolve import describe_plan_rows
-
     table = Table(title="olmx plan", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    for label, value in describe_plan_rows(plan):
+    for label, value in plan.summary_rows():
         table.add_row(label, value)
     for section, rows in plan.sections.items():
         table.add_section()

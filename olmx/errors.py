@@ -4,6 +4,9 @@ traceback."""
 
 from __future__ import annotations
 
+#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
+__all__ = ["OlmxError", "ConfigError", "PluginError", "LaunchError", "RunFailed"]
+
 
 class OlmxError(Exception):
     """Base of every error that olmx reports to a user as one clean message."""

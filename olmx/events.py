@@ -26,6 +26,18 @@ from typing import Any
 
 from olmx.rundir import RunDir
 
+#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
+__all__ = [
+    "LAUNCH_ENV",
+    "EXIT_PREEMPTED",
+    "EXIT_NONFINITE",
+    "append_event",
+    "read_events",
+    "Outcome",
+    "outcome",
+    "signal_exit_code",
+]
+
 #: Environment variable naming the launch whose processes write events.
 LAUNCH_ENV = "OLMX_LAUNCH_ID"
 

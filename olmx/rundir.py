@@ -53,6 +53,30 @@ from typing import Any
 from olmx.errors import ConfigError, LaunchError
 from olmx.writable import write_text_atomic
 
+#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
+__all__ = [
+    "PLAN_FILE",
+    "METRICS_FILE",
+    "SUMMARY_FILE",
+    "EVENTS_FILE",
+    "LAUNCH_FILE",
+    "CHECKPOINTS",
+    "LOGS",
+    "WORK",
+    "REPORT",
+    "MARKER_FILE",
+    "LOCK_FILE",
+    "LOCK_ENV",
+    "OLD_CHECKPOINTS",
+    "RunDir",
+    "process_start",
+    "process_alive",
+    "processes_with_env",
+    "Holder",
+    "RunLock",
+    "tail",
+]
+
 PLAN_FILE = "plan.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"

@@ -2,7 +2,9 @@
 ``ast`` so that it needs nothing installed):
 
 * no import cycles among olmx's and the first-party plugins' modules (imports inside functions
-  count too; those under ``if TYPE_CHECKING:`` do not);
+  count too; those under ``if TYPE_CHECKING:`` do not), counting the package ``__init__`` an
+  import runs;
+* plugins import from olmx only the public surface (``olmx.api.PUBLIC_MODULES``, ``__all__``);
 * no plugin imports another plugin: a plugin is the module an entry point names, or its
   package when that module lives in one (``olmx_plugins.layers.moe``); modules beside them
   that no entry point names are shared helpers, which import no plugin;
@@ -124,12 +126,72 @@ def unit_of(module: str, plugin_modules: set[str]) -> str | None:
     return None
 
 
+def with_packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``edges`` plus what importing a module runs first: the ``__init__`` of each package
+    above it (importing ``a.b.c`` runs ``a`` and ``a.b``), except the importer's own packages,
+    which are already running."""
+    out: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        out[module] = set(targets)
+        for target in targets:
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                package = ".".join(parts[:i])
+                if package in edges and package != module and not module.startswith(package + "."):
+                    out[module].add(package)
+    return out
+
+
 def test_there_are_no_import_cycles():
+    """Among modules, and counting the packages an import runs (a cycle through a package's
+    ``__init__`` is a cycle: ``olmx.api`` importing ``olmx.plan.linears`` ran ``olmx.plan``, which
+    imports the registry, which imports ``olmx.api``)."""
     assert cycles(graph()) == []
+    assert cycles(with_packages(graph())) == []
 
 
-def test_the_cycle_finder_finds_a_cycle():
+def test_the_cycle_finder_finds_a_cycle_and_one_through_a_package():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    edges = {"p": {"q.x"}, "p.y": set(), "q": set(), "q.x": {"p.y"}}  # no cycle among modules
+    assert cycles(edges) == []
+    assert cycles(with_packages(edges)) == [["p", "q.x"]]  # q.x imports p.y, which runs p; p imports q.x
+
+
+def test_plugins_import_only_the_public_surface():
+    """A plugin (first-party, or an example third-party package) imports from olmx only the
+    modules :data:`olmx.api.PUBLIC_MODULES` declares, and from each only the names in its
+    ``__all__``; each public module has an ``__all__`` whose names it defines."""
+    import importlib
+
+    from olmx.api import PUBLIC_MODULES
+
+    surface = {}
+    for name in PUBLIC_MODULES:
+        module = importlib.import_module(name)
+        assert isinstance(getattr(module, "__all__", None), list), f"{name} has no __all__"
+        assert [n for n in module.__all__ if not hasattr(module, n)] == [], name
+        surface[name] = set(module.__all__)
+    files = [*(REPO / "plugins").rglob("*.py"), *(REPO / "examples").glob("*/olmx_*/**/*.py")]
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "olmx":
+                module = node.module or ""
+                if module not in surface:
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports {module}")
+                else:
+                    bad += [
+                        f"{path.relative_to(REPO)}:{node.lineno} imports {module}.{a.name} (not in its __all__)"
+                        for a in node.names
+                        if a.name not in surface[module]
+                    ]
+            elif isinstance(node, ast.Import):
+                bad += [
+                    f"{path.relative_to(REPO)}:{node.lineno} imports {a.name}"
+                    for a in node.names
+                    if a.name.split(".")[0] == "olmx" and a.name not in surface
+                ]
+    assert bad == []
 
 
 def test_no_plugin_imports_another_plugin():

@@ -281,12 +281,3 @@ def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}.{key}" if key else where, msg) from None
     rules.check(obj, where)
     return obj
-
-
-def config_yaml(run: RunConfig) -> str:
-    """The resolved config as YAML (what ``--dry-run`` prints; ``plan.yaml`` stores the same data)."""
-    from omegaconf import OmegaConf
-
-    from olmx.plan.codec import run_to_data
-
-    return OmegaConf.to_yaml(OmegaConf.create(run_to_data(run)))

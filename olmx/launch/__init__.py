@@ -15,6 +15,18 @@ from olmx.config.rules import setting
 from olmx.plan import Plan
 from olmx.rundir import RunDir
 
+#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
+__all__ = [
+    "TorchrunConfig",
+    "torchrun_env",
+    "torchrun_flags",
+    "parent_death_preexec",
+    "worker_command",
+    "torchrun_command",
+    "shell_join",
+    "render_template",
+]
+
 
 @dataclass
 class TorchrunConfig:

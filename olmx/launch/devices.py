@@ -9,6 +9,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
+__all__ = [
+    "LocalDevices",
+    "local_devices",
+    "gpu_compute_capability",
+    "gpu_memory_gib",
+    "host_memory_gib",
+    "PEAK_FLOPS",
+    "peak_flops",
+]
+
 
 @dataclass(frozen=True)
 class LocalDevices:

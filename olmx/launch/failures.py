@@ -24,6 +24,21 @@ from pathlib import Path
 
 from olmx.rundir import tail as read_tail
 
+#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
+__all__ = [
+    "FAILED_LINE",
+    "PEER_LOST",
+    "RankFailure",
+    "signal_cause",
+    "TRACEBACK",
+    "exception_excerpt",
+    "log_excerpt",
+    "rank_excerpt",
+    "latest_torchrun_dir",
+    "attempt_failures",
+    "FailureRecorder",
+]
+
 #: torchrun's per-attempt failure line (torch/distributed/elastic/multiprocessing/api.py).
 FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary")
 #: Messages of gloo/NCCL when the other side of a collective went away.

@@ -17,6 +17,9 @@ from olmx.errors import RunFailed
 from olmx.plan import Plan
 from olmx.rundir import RunDir
 
+#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
+__all__ = ["PLAIN_EVERY_S", "PLAIN_LINES", "follow", "format_progress", "progress_line"]
+
 #: Without a terminal (output to a file or a pipe: nohup, CI, a batch log), a plain progress
 #: line is printed every this many seconds (when a step finished since the last line) ...
 PLAIN_EVERY_S = 30.0

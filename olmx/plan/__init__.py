@@ -83,6 +83,55 @@ class Plan:
         """Where the plan is saved."""
         return Path(self.run_dir) / PLAN_FILE
 
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """The core rows of the printed plan (plugins add their own :attr:`sections`)."""
+        b, p, w = self.batch, self.params, self.world
+        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.dims().items())
+        rows = [
+            ("world", f"{w.size} processes = {w.nnodes} node(s) x {w.nproc_per_node} ({w.device_name})"),
+            ("mesh", mesh),
+            ("global batch", f"{b.global_seqs} sequences = {b.global_tokens:,} tokens"),
+            (
+                "micro batch / process",
+                f"{b.micro_seqs} sequences = {b.micro_tokens:,} tokens"
+                f"{f', {b.grad_accum} accumulation steps' if b.grad_accum > 1 else ''}",
+            ),
+            ("parameters", f"{p.total:,} total, {p.non_embedding:,} non-embedding, {p.active:,} active"),
+            ("vocabulary", f"{self.vocab_size} (padded)"),
+            ("dtypes", f"compute {self.dtypes.param}, gradient reduction {self.dtypes.reduce}, master weights float32"),
+            (
+                "optimizer",
+                {"skip_step_adamw": "OLMo-core SkipStepAdamW", "adamw": "torch AdamW"}[self.run.trainer.optimizer]
+                + f", lr {self.run.trainer.lr:g}, weight decay {self.run.trainer.weight_decay:g}"
+                + ("" if self.run.trainer.decay_embeddings else " (not on the embeddings)"),
+            ),
+            (
+                "gradient clipping",
+                "off"
+                if self.run.trainer.max_grad_norm is None
+                else f"global norm {self.run.trainer.max_grad_norm}, across device meshes",
+            ),
+            *(("execution", note) for note in self.execution.notes),
+            ("run dir", self.run_dir),
+            ("resume", f"from step {self.resume_step}" if self.resume_step is not None else "no (fresh start)"),
+        ]
+        return rows
+
+    def data_files(self) -> list[Path]:
+        """The local files ``data.paths`` names (globs expanded, in order)."""
+        from olmx.data.files import text_files
+
+        return text_files(list(self.run.data.paths))
+
+    def config_yaml(self) -> str:
+        """The resolved run config as YAML (what ``--dry-run`` prints; ``plan.yaml`` holds the
+        same data under ``config``)."""
+        from omegaconf import OmegaConf
+
+        from olmx.plan.codec import run_to_data
+
+        return OmegaConf.to_yaml(OmegaConf.create(run_to_data(self.run)))
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for YAML (the run config under ``config``, infra flat)."""
         from olmx.plan.codec import run_to_data, to_data

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from olmx.api import Mesh, World
+from olmx.api import FF_H, Mesh, World
 from olmx.config.schema import RunConfig
 
 GIB = 1 << 30
@@ -63,9 +63,9 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
 #: before RoPE, the attention output, ...; plus ``2 kv`` for k and v), counted with autograd's
 #: saved-tensor hooks on an OLMo-core block.
 ATTN_D = 6
-#: d- and h-wide tensors per token a SwiGLU feed-forward part keeps (its norm's input and
-#: output; the two projections' outputs, the SiLU and the product).
-FF_D, FF_H = 2, 4
+#: d-wide tensors per token a SwiGLU feed-forward part keeps (its norm's input and output;
+#: the h-wide ones are :data:`olmx.api.FF_H`).
+FF_D = 2
 #: h-wide gradients alive while one block runs backward (measured: grows with tokens, not depth).
 TRANSIENT_H = 2
 #: Bytes per d per block part that autocast adds: the residual stream and the norms stay

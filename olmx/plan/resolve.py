@@ -409,38 +409,3 @@ def _run_dir(run: RunConfig, now: datetime) -> str:
     check_writable(path, "trainer.run_dir")
     RunDir(path).check_claimable("trainer.run_dir")  # a non-empty folder olmx did not make is not a run dir
     return str(path)
-
-
-def describe_plan_rows(plan: Plan) -> list[tuple[str, str]]:
-    """The core rows of a printed plan (plugins add their own sections)."""
-    b, p, w = plan.batch, plan.params, plan.world
-    mesh = " x ".join(f"{k}={v}" for k, v in plan.mesh.dims().items())
-    rows = [
-        ("world", f"{w.size} processes = {w.nnodes} node(s) x {w.nproc_per_node} ({w.device_name})"),
-        ("mesh", mesh),
-        ("global batch", f"{b.global_seqs} sequences = {b.global_tokens:,} tokens"),
-        (
-            "micro batch / process",
-            f"{b.micro_seqs} sequences = {b.micro_tokens:,} tokens"
-            f"{f', {b.grad_accum} accumulation steps' if b.grad_accum > 1 else ''}",
-        ),
-        ("parameters", f"{p.total:,} total, {p.non_embedding:,} non-embedding, {p.active:,} active"),
-        ("vocabulary", f"{plan.vocab_size} (padded)"),
-        ("dtypes", f"compute {plan.dtypes.param}, gradient reduction {plan.dtypes.reduce}, master weights float32"),
-        (
-            "optimizer",
-            {"skip_step_adamw": "OLMo-core SkipStepAdamW", "adamw": "torch AdamW"}[plan.run.trainer.optimizer]
-            + f", lr {plan.run.trainer.lr:g}, weight decay {plan.run.trainer.weight_decay:g}"
-            + ("" if plan.run.trainer.decay_embeddings else " (not on the embeddings)"),
-        ),
-        (
-            "gradient clipping",
-            "off"
-            if plan.run.trainer.max_grad_norm is None
-            else f"global norm {plan.run.trainer.max_grad_norm}, across device meshes",
-        ),
-        *(("execution", note) for note in plan.execution.notes),
-        ("run dir", plan.run_dir),
-        ("resume", f"from step {plan.resume_step}" if plan.resume_step is not None else "no (fresh start)"),
-    ]
-    return rows

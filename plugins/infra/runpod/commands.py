@@ -31,15 +31,23 @@ class _UpByDefault(typer.core.TyperGroup):
         return super().parse_args(ctx, args)
 
 
-def app() -> typer.Typer:
-    """The ``olmx provision runpod`` command group."""
+def app(infra: Any) -> typer.Typer:
+    """The ``olmx provision runpod`` command group of the plugin ``infra``."""
+
+    def up_command(
+        overrides: Optional[list[str]] = typer.Argument(None, help="The run's overrides, as for olmx train."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the request (key redacted); send nothing."),
+    ) -> None:
+        """Create the pod(s) for a plan, wait until they run with SSH, print how to reach them."""
+        up(infra, list(overrides or []), dry_run=dry_run)
+
     group = typer.Typer(
         cls=_UpByDefault,
         no_args_is_help=True,
         add_completion=False,
         help="Create and manage RunPod pods (REST API v2; key from RUNPOD_API_KEY).",
     )
-    group.command("up", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(up)
+    group.command("up", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(up_command)
     group.command("list")(list_all)
     group.command("status")(status)
     group.command("start")(start)
@@ -61,25 +69,17 @@ def _client() -> Any:
     return RunPodClient.from_env()
 
 
-def up(
-    overrides: Optional[list[str]] = typer.Argument(None, help="The run's overrides, as for olmx train."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the request (key redacted); send nothing."),
-) -> None:
-    """Create the pod(s) for a plan, wait until they run with SSH, print how to reach them."""
-    from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import resolve
-    from olmx.registry import registry
+def up(infra: Any, overrides: list[str], *, dry_run: bool) -> None:
+    """``olmx provision runpod up OVERRIDES``: create the pod(s) of the run's plan with the
+    plugin ``infra``, wait until they run with SSH, print how to reach them."""
+    from olmx.planning import plan_run
     from olmx_plugins.infra.runpod.keys import check_ssh_keys
     from olmx_plugins.infra.runpod.provision import ReadyCluster
     from olmx_plugins.infra.runpod.transport import redacted_request
 
-    reg = registry()
-    infra = reg.get("infra", "runpod")  # this group's own plugin, as the registry loaded it
-    overrides = list(overrides or [])
-    run = to_object(compose(["infra=runpod", *overrides], reg), reg)
-    if run.infra_name != "runpod":
-        raise ConfigError("infra", f"olmx provision runpod provisions infra=runpod, not infra={run.infra_name}")
-    plan = resolve(run, reg)
+    plan = plan_run(["infra=runpod", *overrides])
+    if plan.run.infra_name != "runpod":
+        raise ConfigError("infra", f"olmx provision runpod provisions infra=runpod, not infra={plan.run.infra_name}")
     cfg = plan.infra
     name = infra._name(cfg, plan)
     if dry_run:

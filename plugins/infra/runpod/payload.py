@@ -122,12 +122,10 @@ def pinned_requirements() -> list[str]:
 def shipped_data(plan: Any, cfg: RunPodConfig) -> dict[str, Path]:
     """The local data files shipped to the pods, by their name under the pod's ``infra.workdir``
     (``data/000-name``, in ``data.paths`` order); ConfigError above ``infra.ship_data_max_gb``."""
-    from olmx.data.files import text_files
-
     data = plan.run.data
     if not cfg.ship_data or data.name == "stdlib":
         return {}
-    files = text_files(list(data.paths))
+    files = plan.data_files()
     total = sum(f.stat().st_size for f in files)
     if total > cfg.ship_data_max_gb * 1e9:
         raise ConfigError(

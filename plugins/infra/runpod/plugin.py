@@ -61,7 +61,7 @@ class RunPodInfra(InfraPlugin):
         """``olmx provision runpod ...``."""
         from olmx_plugins.infra.runpod.commands import app
 
-        return app()
+        return app(self)
 
     # -- plan --------------------------------------------------------------------------------
 

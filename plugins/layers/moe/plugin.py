@@ -31,7 +31,7 @@ import os
 from dataclasses import replace
 from typing import Any, Optional
 
-from olmx.api import Context, Contribution, LayerPlugin, LinearLayer, Mesh, World
+from olmx.api import FF_H, Context, Contribution, LayerPlugin, LinearLayer, Mesh, World
 from olmx.errors import ConfigError
 from olmx_plugins.layers.moe.config import MoEConfig, expert_hidden, moe_blocks
 
@@ -121,8 +121,6 @@ def moe_activations_per_token(cfg: MoEConfig, model: Any, ctx: Context) -> int:
     saved-tensor hooks); a shared expert is one more SwiGLU. ``full`` checkpointing recomputes
     the block; ``long_context`` recomputes modules named ``feed_forward`` only, so the whole
     MoE is kept."""
-    from olmx.plan.memory import FF_H
-
     mode = ctx.run.trainer.activation_checkpointing
     if mode == "full":
         return 0

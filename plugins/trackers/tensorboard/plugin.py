@@ -83,16 +83,14 @@ def log_dir(run_dir: str, value: str) -> Path:
 def texts(plan: Any) -> dict[str, str]:
     """``olmx/config`` and ``olmx/plan`` as TensorBoard text (Markdown): the resolved config as
     YAML, the plan as the table ``olmx train`` prints."""
-    from olmx.config.compose import config_yaml
-    from olmx.plan.resolve import describe_plan_rows
 
     def row(label: str, value: Any) -> str:
         return f"| {label} | {str(value).replace('|', '/')} |"
 
-    lines = ["| | |", "|---|---|", *(row(k, v) for k, v in describe_plan_rows(plan))]
+    lines = ["| | |", "|---|---|", *(row(k, v) for k, v in plan.summary_rows())]
     for section, rows in plan.sections.items():
         lines += [row(f"**{section}**", ""), *(row(f"&nbsp;&nbsp;{k}", v) for k, v in rows)]
-    config = "\n".join(f"    {line}" for line in config_yaml(plan.run).splitlines())
+    config = "\n".join(f"    {line}" for line in plan.config_yaml().splitlines())
     return {"olmx/config": config, "olmx/plan": "\n".join(lines)}
 
 
