@@ -165,7 +165,10 @@ DEFAULT_LAYER_ORDER = 50
 DTYPES: tuple[str, ...] = ("bfloat16", "float32")
 
 #: Non-data-parallel mesh dimensions a parallel plugin may claim in :meth:`ParallelPlugin.claim`.
-CLAIMABLE_DIMS: dict[str, str] = {"cp": "context (sequence) parallel: each sequence sharded over this many ranks"}
+CLAIMABLE_DIMS: dict[str, str] = {
+    "cp": "context (sequence) parallel: each sequence sharded over this many ranks",
+    "tp": "tensor parallel: each block's weights sharded over this many ranks",
+}
 
 #: What a parallel plugin may say it provides (:attr:`ParallelPlugin.provides`), in the order
 #: ``parallel=auto`` prefers them (least communication first; the plan's memory estimate decides
@@ -229,7 +232,7 @@ class Layout:
 class Mesh:
     """The run's device mesh and its capabilities, validated once against the world.
 
-    ``dp_replicate x dp_shard x cp`` ranks; experts (``ep``) are split over ``ep`` of the
+    ``dp_replicate x dp_shard x cp x tp`` ranks; experts (``ep``) are split over ``ep`` of the
     ``dp_replicate x dp_shard`` data-parallel ranks (OLMo-core's and torchtitan's layout)."""
 
     #: Replica groups of the data-parallel ranks.
@@ -240,6 +243,9 @@ class Mesh:
     cp: int = 1
     #: Expert-parallel degree (within the data-parallel ranks).
     ep: int = 1
+    #: Ranks that share every weight matrix of a block, each holding a slice (tensor
+    #: parallelism; OLMo-core's ``tp_config``).
+    tp: int = 1
     #: Parameters, gradients and optimizer state are sharded (FSDP2-like data parallelism).
     shards_params: bool = False
     #: Show both data-parallel dimensions in the plan.
@@ -255,13 +261,19 @@ class Mesh:
     @property
     def size(self) -> int:
         """All ranks."""
-        return self.dp * self.cp
+        return self.dp * self.cp * self.tp
 
     @property
     def shards_sequence(self) -> bool:
         """Each sequence is split over ``cp`` ranks: token-local layers see ``seq_len / cp``
         positions per rank (:mod:`olmx.worker.halo` gives causal layers their left context)."""
         return self.cp > 1
+
+    @property
+    def shards_weights(self) -> bool:
+        """Each block's weight matrices are split over ``tp`` ranks (tensor parallelism): a
+        layer that adds its own modules to a block must shard them alike or refuse."""
+        return self.tp > 1
 
     @property
     def expert_parallel(self) -> bool:
@@ -277,6 +289,8 @@ class Mesh:
         )
         if self.cp > 1:
             out["cp"] = self.cp
+        if self.tp > 1:
+            out["tp"] = self.tp
         if self.ep > 1:
             out["ep"] = self.ep
         return out
@@ -473,6 +487,11 @@ class LayerPlugin(Plugin):
     #: The layer has experts and places them over ``mesh.ep`` ranks when the data-parallel
     #: strategy asks for expert parallelism (it owns expert parallelism; exactly one such layer).
     experts: ClassVar[bool] = False
+    #: The layer's modules work when the blocks' weights are sharded over ``mesh.tp`` ranks
+    #: (tensor parallelism turns the residual stream into sequence-sharded DTensors and the
+    #: block's linear layers into slices). Unless a layer says so, the plan refuses it under
+    #: tensor parallelism.
+    tensor_parallel: ClassVar[bool] = False
 
     def linear_layers(self, cfg: Any, ctx: Context, layers: list[LinearLayer]) -> list[LinearLayer]:
         """The model's ``nn.Linear`` layers after this plugin's edits (torch-free,

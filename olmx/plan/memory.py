@@ -153,14 +153,18 @@ def estimate(
     autocast = b < 4 and not mesh.shards_params  # replicated parameters: torch.autocast
     # OLMo-core flattens the context-parallel ranks into the last data-parallel dimension
     # (``dp_cp``): FSDP shards over dp_shard x cp
-    shard = mesh.dp_shard * max(1, mesh.cp) if mesh.shards_params else 1
+    # tensor parallelism slices every weight (embedding, blocks, head) over tp ranks; the norms'
+    # few parameters stay whole and are not counted apart
+    shard = (mesh.dp_shard * max(1, mesh.cp) if mesh.shards_params else 1) * mesh.tp
     own = sum(n for n, _ in sharded)
     params = 4 * (total_params - own) // shard + sum(4 * n // max(1, over) for n, over in sharded)
     total_params -= own  # what DDP/FSDP hold
     grads = params
     optimizer = 2 * params
     d = m.d_model
-    tokens = t.micro_batch_size * run.data.seq_len // max(1, mesh.cp)
+    # tensor parallelism with sequence-parallel norms: each rank keeps 1/tp of a block's
+    # activations (its heads and feed-forward slice; 1/tp of the positions around the norms)
+    tokens = t.micro_batch_size * run.data.seq_len // (max(1, mesh.cp) * mesh.tp)
     attn, ff, transient = block_activations(run, b, autocast)
     plugin_acts = tokens * plugin_activations
     head = tokens * (2 * d * b + 2 * 4 * vocab)

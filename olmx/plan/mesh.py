@@ -67,20 +67,38 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
             if size < 1:
                 raise ConfigError(plugin.section, f"mesh dimension '{dim}' must be at least 1, got {size}")
             claimed[dim] = (size, plugin.section)
-    cp = claimed.get("cp", (1, ""))[0]
-    if world.size % cp:
+    cp, tp = claimed.get("cp", (1, ""))[0], claimed.get("tp", (1, ""))[0]
+    left = world.size
+    for dim, size in (("cp", cp), ("tp", tp)):
+        if left % size:
+            raise ConfigError(
+                claimed[dim][1],
+                f"{dim}={size} must divide the world size {world.size} "
+                f"({world.nnodes} node(s) x {world.nproc_per_node} processes)"
+                + (f", {left} rank(s) per cp={cp} group" if left != world.size else ""),
+            )
+        left //= size
+    if cp > 1 and tp > 1:
         raise ConfigError(
-            claimed["cp"][1],
-            f"cp={cp} must divide the world size {world.size} "
-            f"({world.nnodes} node(s) x {world.nproc_per_node} processes)",
+            claimed["tp"][1], f"tensor parallelism with context parallelism ({claimed['cp'][1]}) is not supported yet"
         )
-    dp_ranks = world.size // cp
+    dp_ranks = left
     strategies = [(p, cfg) for p, cfg in parallel if p.data_parallel]
     if len(strategies) > 1:
         raise ConfigError(
             "parallel", f"choose one data-parallel strategy, got {', '.join(p.name for p, _ in strategies)}"
         )
     if not strategies:
+        if world.size > 1 and len(claimed):  # OLMo-core builds its mesh around a data-parallel config
+            offer = installed_with(reg, "parallel", "data_parallel")
+            if tp > 1:  # only a strategy that shards parameters wraps tensor-parallel slices
+                offer = [n for n in offer if _provides(reg, n, "shard")]
+            raise ConfigError(
+                "parallel",
+                f"{', '.join(f'{d}={n}' for d, (n, _) in claimed.items())} needs a data-parallel strategy beside it "
+                f"(OLMo-core builds its device mesh around one, even over {dp_ranks} data-parallel rank(s)): "
+                f"add one of {', '.join(offer) or 'none'}",
+            )
         if world.size > 1:
             offer = installed_with(reg, "parallel", "data_parallel")
             raise ConfigError(
@@ -89,9 +107,17 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
                 f"sync (without one OLMo-core trains diverging copies); add one of: {', '.join(offer) or 'none'} "
                 f"(e.g. parallel=[{offer[0] if offer else '...'}]) or run one process (infra.nproc_per_node=1)",
             )
-        return Mesh(cp=cp)
+        return Mesh(cp=cp, tp=tp)
     plugin, cfg = strategies[0]
     lay = plugin.layout(cfg, dp_ranks, world)
+    if tp > 1 and not lay.shards_params:
+        offer = [n for n in installed_with(reg, "parallel", "data_parallel") if _provides(reg, n, "shard")]
+        raise ConfigError(
+            plugin.section,
+            f"keeps full replicas, which OLMo-core cannot wrap around tensor-parallel slices (tp={tp}, "
+            f"{claimed['tp'][1]}); use a strategy that shards parameters over them: "
+            f"{', '.join(offer) or 'none installed'}",
+        )
     if lay.replicate * lay.shard != dp_ranks or min(lay.replicate, lay.shard, lay.ep) < 1:
         raise ConfigError(
             plugin.section,
@@ -102,18 +128,41 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
             raise ConfigError(
                 lay.ep_field or plugin.section, f"{lay.ep} must divide the {dp_ranks} data-parallel ranks"
             )
-        if cp > 1:
-            raise ConfigError(
-                lay.ep_field or plugin.section,
-                f"expert parallelism (ep={lay.ep}) with context parallelism "
-                f"(cp={cp}, {claimed['cp'][1]}) is not supported",
-            )
+        for dim, size in (("cp", cp), ("tp", tp)):
+            if size > 1:
+                raise ConfigError(
+                    lay.ep_field or plugin.section,
+                    f"expert parallelism (ep={lay.ep}) with {CLAIMABLE_DIMS[dim].split(':')[0]} "
+                    f"({dim}={size}, {claimed[dim][1]}) is not supported",
+                )
     return Mesh(
         dp_replicate=lay.replicate,
         dp_shard=lay.shard,
         cp=cp,
+        tp=tp,
         ep=lay.ep,
         shards_params=lay.shards_params,
         hybrid=lay.hybrid,
         ep_field=lay.ep_field or plugin.section,
     )
+
+
+def check_tensor_parallel(ctx: Context) -> None:
+    """Tensor parallelism needs every layer plugin of the run to support it."""
+    if ctx.mesh.tp < 2:
+        return
+    for plugin, _ in ctx.layers:
+        if not plugin.tensor_parallel:
+            raise ConfigError(
+                plugin.section,
+                f"does not support tensor parallelism (the mesh has tp={ctx.mesh.tp}): its modules would meet "
+                f"sliced weights and a sequence-sharded residual stream; drop the tensor-parallel strategy "
+                f"or layers=[...,{plugin.name}]",
+            )
+
+
+def _provides(reg: Registry, name: str, capability: str) -> bool:
+    try:
+        return capability in reg.get("parallel", name).provides
+    except OlmxError:
+        return False

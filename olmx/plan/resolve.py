@@ -23,7 +23,7 @@ from olmx.plan.execution import kernel_warnings, resolve_execution
 from olmx.plan.hf import check_init_from
 from olmx.plan.linears import dense_linears
 from olmx.plan.memory import MemoryEstimate
-from olmx.plan.mesh import check_experts, resolve_mesh
+from olmx.plan.mesh import check_experts, check_tensor_parallel, resolve_mesh
 from olmx.plan.resume import check_resume
 from olmx.registry import Registry
 from olmx.rundir import RunDir
@@ -219,6 +219,7 @@ def context(run: RunConfig, world: World, reg: Registry) -> Context:
     )
     if mesh.ep > 1:
         check_experts(ctx, reg)
+    check_tensor_parallel(ctx)
     return ctx
 
 

@@ -86,7 +86,7 @@ def test_refusals_name_the_field_and_the_numbers():
         "of parallel.ulysses.degree=2"
     )
     # Ulysses is not a data-parallel strategy: two processes still need one
-    assert refusal("parallel=[ulysses]").startswith("parallel: 2 processes need a data-parallel strategy")
+    assert refusal("parallel=[ulysses]").startswith("parallel: cp=2 needs a data-parallel strategy beside it")
 
 
 def test_long_context_recipe_resolves():

@@ -1,0 +1,120 @@
+"""Tensor parallelism (``parallel=[fsdp,tp]``): the mesh and plan rows, every refusal at plan
+time, the memory estimate per rank, and training on 2 gloo processes equal to one process."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from olmx.errors import ConfigError
+from olmx.plan.resolve import plan_from_overrides
+from olmx.registry import registry
+from tests.conftest import olmx_cli
+
+
+def plan_for(*overrides: str):
+    return plan_from_overrides(list(overrides), registry(), now=datetime(2026, 1, 2, 3, 4, 5))
+
+
+def refusal(*overrides: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        plan_for(*overrides)
+    return info.value
+
+
+def test_the_mesh_gains_tp_and_the_plan_says_what_each_rank_holds():
+    plan = plan_for("parallel=[fsdp,tp]")
+    assert plan.mesh.dims() == {"dp": 1, "tp": 2} and plan.mesh.size == 2 and plan.mesh.shards_weights
+    assert plan.batch.dp_ranks == 1 and plan.batch.grad_accum == 2  # 16 sequences, micro 8, one data rank
+    rows = dict(plan.sections["parallel.tp"])
+    assert rows["degree"] == "2 ranks per weight, 1 tensor-parallel group(s)"
+    assert rows["per rank"] == (
+        "2 of 4 query heads, 2 of 4 kv heads, 256 of 512 feed-forward units, 128 of 256 positions in the norms"
+    )
+    # 4 x (8 x 256 tokens) x 128 x 4 bytes x 1/2 = 2 MiB
+    assert rows["traffic per block"].startswith("2.00 MiB per rank forward")
+    four = plan_for("infra.nproc_per_node=4", "parallel=[fsdp,tp]", "trainer.micro_batch_size=4")
+    assert four.mesh.dims() == {"dp": 2, "tp": 2} and four.batch.dp_ranks == 2
+
+
+def test_the_memory_estimate_holds_a_slice_of_the_weights_and_activations():
+    """Per rank, tp=2 holds half the parameter, gradient and optimizer bytes of one process and
+    half its activations (sequence-parallel norms)."""
+    from olmx.plan.resolve import estimated
+
+    alone = plan_for("infra.nproc_per_node=1", "parallel=[]", "trainer.micro_batch_size=8")
+    sliced = plan_for("parallel=[fsdp,tp]", "trainer.micro_batch_size=8")
+    a = estimated(alone.run, alone.world, registry()).est
+    s = estimated(sliced.run, sliced.world, registry()).est
+    assert s.params == a.params // 2 and s.optimizer == a.optimizer // 2
+    assert s.activations == pytest.approx(a.activations / 2, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "text"),
+    [
+        (["parallel=[fsdp,tp]", "parallel.tp.degree=3"], "parallel.tp.degree", "3 must divide model.n_heads=4"),
+        (
+            ["parallel=[fsdp,tp]", "model.n_kv_heads=1"],
+            "parallel.tp.degree",
+            "2 must divide model.n_kv_heads=1",
+        ),
+        (["parallel=[fsdp,tp]", "parallel.tp.degree=4"], "parallel.tp", "tp=4 must divide the world size 2"),
+        (["parallel=[tp]"], "parallel", "tp=2 needs a data-parallel strategy beside it"),
+        (["parallel=[ddp,tp]"], "parallel.ddp", "keeps full replicas, which OLMo-core cannot wrap"),
+        (["parallel=[fsdp,tp,ulysses]", "infra.nproc_per_node=4"], "parallel.tp", "with context parallelism"),
+        (["parallel=[fsdp,tp]", "layers=[engram]"], "layers.engram", "does not support tensor parallelism"),
+        (
+            ["parallel=[ddp_ep,tp]", "layers=[moe]", "infra.nproc_per_node=4", "parallel.ddp_ep.degree=2"],
+            "parallel.ddp_ep",
+            "keeps full replicas",
+        ),
+    ],
+)
+def test_what_cannot_work_is_refused_at_plan_time(overrides, field, text):
+    err = refusal(*overrides)
+    assert err.field == field and text in str(err), str(err)
+
+
+SMALL = [
+    "trainer.report=false",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.hidden_size=256",
+    "data.seq_len=64",
+    "trainer.global_batch_size=8",
+    "trainer.max_steps=6",
+    "trainer.save_interval=6",
+    "trainer.lr=0.01",
+    "trainer.warmup_steps=1",
+]
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.dist
+def test_tp_training_equals_one_process(tmp_path):
+    """``parallel=[fsdp,tp]`` on 2 processes (dp=1, tp=2) against the same run in one process:
+    the same 6 losses (within 1e-5; the sliced matmuls sum in another order) and the same final
+    parameters, read back from both checkpoints as whole tensors."""
+    from tests.test_faults import checkpoint_state
+
+    env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
+    tp, one = tmp_path / "tp", tmp_path / "one"
+    a = olmx_cli("train", *SMALL, "parallel=[fsdp,tp]", f"trainer.run_dir={tp}", env=env)
+    assert a.returncode == 0, a.stdout[-2000:] + a.stderr[-3000:]
+    b = olmx_cli("train", *SMALL, "parallel=[]", "infra.nproc_per_node=1", f"trainer.run_dir={one}", env=env)
+    assert b.returncode == 0, b.stderr[-3000:]
+    la, lb = _losses(tp), _losses(one)
+    assert len(la) == 6 and la == pytest.approx(lb, rel=1e-5, abs=1e-6)
+    assert la[-1] < la[0] - 0.3  # it trains (lr 0.01)
+    sa, sb = checkpoint_state(tp / "checkpoints" / "step6"), checkpoint_state(one / "checkpoints" / "step6")
+    weights = [k for k in sb if k.startswith("model.")]
+    assert len(weights) >= 20 and set(weights) <= set(sa)
+    worst = max((sa[k] - sb[k]).abs().max().item() for k in weights)
+    assert worst < 1e-4, worst
