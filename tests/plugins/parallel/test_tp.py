@@ -90,6 +90,7 @@ SMALL = [
     "trainer.save_interval=6",
     "trainer.lr=0.01",
     "trainer.warmup_steps=1",
+    "trainer.micro_batch_size=4",
 ]
 
 
@@ -98,23 +99,26 @@ def _losses(run: Path) -> list[float]:
 
 
 @pytest.mark.dist
-def test_tp_training_equals_one_process(tmp_path):
-    """``parallel=[fsdp,tp]`` on 2 processes (dp=1, tp=2) against the same run in one process:
-    the same 6 losses (within 1e-5; the sliced matmuls sum in another order) and the same final
-    parameters, read back from both checkpoints as whole tensors."""
+def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
+    """``parallel=[fsdp,tp]`` on 2 processes (dp=1 x tp=2) and on 4 (dp=2 x tp=2, the 2-D layout)
+    against the same run in one process: the same 6 losses (within 1e-5; the sliced matmuls and
+    the reductions sum in another order) and the same final parameters, read back from the
+    checkpoints as whole tensors (within 1e-4)."""
     from tests.test_faults import checkpoint_state
 
     env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
-    tp, one = tmp_path / "tp", tmp_path / "one"
-    a = olmx_cli("train", *SMALL, "parallel=[fsdp,tp]", f"trainer.run_dir={tp}", env=env)
-    assert a.returncode == 0, a.stdout[-2000:] + a.stderr[-3000:]
-    b = olmx_cli("train", *SMALL, "parallel=[]", "infra.nproc_per_node=1", f"trainer.run_dir={one}", env=env)
-    assert b.returncode == 0, b.stderr[-3000:]
-    la, lb = _losses(tp), _losses(one)
-    assert len(la) == 6 and la == pytest.approx(lb, rel=1e-5, abs=1e-6)
-    assert la[-1] < la[0] - 0.3  # it trains (lr 0.01)
-    sa, sb = checkpoint_state(tp / "checkpoints" / "step6"), checkpoint_state(one / "checkpoints" / "step6")
-    weights = [k for k in sb if k.startswith("model.")]
-    assert len(weights) >= 20 and set(weights) <= set(sa)
-    worst = max((sa[k] - sb[k]).abs().max().item() for k in weights)
-    assert worst < 1e-4, worst
+    runs = {"one": ["parallel=[]", "infra.nproc_per_node=1"], "tp": ["parallel=[fsdp,tp]"]}
+    runs["fsdp_tp"] = ["parallel=[fsdp,tp]", "infra.nproc_per_node=4"]
+    for name, overrides in runs.items():
+        done = olmx_cli("train", *SMALL, *overrides, f"trainer.run_dir={tmp_path / name}", env=env)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    reference = _losses(tmp_path / "one")
+    assert len(reference) == 6 and reference[-1] < reference[0] - 0.3  # it trains (lr 0.01)
+    ref = checkpoint_state(tmp_path / "one" / "checkpoints" / "step6")
+    weights = [k for k in ref if k.startswith("model.")]
+    assert len(weights) >= 20
+    for name in ("tp", "fsdp_tp"):
+        assert _losses(tmp_path / name) == pytest.approx(reference, rel=1e-5, abs=1e-6), name
+        state = checkpoint_state(tmp_path / name / "checkpoints" / "step6")
+        worst = max((state[k] - ref[k]).abs().max().item() for k in weights)
+        assert worst < 1e-4, (name, worst)
