@@ -103,8 +103,6 @@ class OlmxMetricsCallback(Callback):
     tokens_per_step: int = 0
     world_size: int = 1
     resumed_from: int | None = None
-    #: Tokens per sequence (for the evaluator's loss, :func:`olmx.worker.datasets.eval_record`).
-    seq_len: int = 2
     #: ``(step, time)`` at the end of the last :data:`WINDOW_STEPS` + 1 steps.
     _ends: deque = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS + 1), repr=False)
 
@@ -139,7 +137,7 @@ class OlmxMetricsCallback(Callback):
         from olmo_core.distributed.utils import get_rank
 
         skipped = bool(metrics.get("olmx/non-finite step"))
-        evaluated = eval_record(metrics, self.seq_len)
+        evaluated = eval_record(metrics)
         if get_rank() != 0 or ("train/CE loss" not in metrics and not skipped and not evaluated):
             return
         tps = self._tokens_per_s()

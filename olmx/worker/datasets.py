@@ -26,6 +26,7 @@ from typing import Any
 
 from olmo_core.data.numpy_dataset import NumpyFSLDatasetMixture
 from olmo_core.data.source_mixture import SourceMixtureDatasetConfig
+from olmo_core.eval.lm_evaluator import LMEvaluator
 from olmo_core.train.callbacks import EvaluatorCallback
 
 from olmx.data.splits import (
@@ -47,17 +48,36 @@ EVAL_LABEL = "heldout"
 EVAL_LOSS_METRIC = f"eval/lm/{EVAL_LABEL}/CE loss"
 
 
-def eval_record(metrics: dict[str, float], seq_len: int) -> dict[str, float]:
-    """``eval/loss`` and ``eval/perplexity`` of a step's metrics (empty if it was not evaluated).
-
-    OLMo-core's ``LMEvaluator`` averages the per-token loss over all ``seq_len`` positions of
-    each sequence, the last of which has no target (its loss is 0, ignored by the cross
-    entropy); ``eval/loss`` is the mean over the ``seq_len - 1`` positions that have one, as the
-    training loss is: OLMo-core's value x ``seq_len / (seq_len - 1)``, exactly."""
+def eval_record(metrics: dict[str, float]) -> dict[str, float]:
+    """``eval/loss`` and ``eval/perplexity`` of a step's metrics (empty if it was not evaluated):
+    the evaluator's own loss (:class:`HeldOutLMEvaluator`), the number every tracker gets too."""
     if EVAL_LOSS_METRIC not in metrics:
         return {}
-    loss = metrics[EVAL_LOSS_METRIC] * seq_len / (seq_len - 1)
+    loss = float(metrics[EVAL_LOSS_METRIC])
     return {"eval/loss": loss, "eval/perplexity": math.exp(loss)}
+
+
+class HeldOutLMEvaluator(LMEvaluator):
+    """OLMo-core's ``LMEvaluator`` whose loss is the mean over the positions that have a
+    target, as the training loss is. OLMo-core's averages every position of each sequence, the
+    last included, which has no target (the cross entropy gives it 0): its value is
+    ``(seq_len - 1) / seq_len`` of the mean, and trackers received that one while
+    ``metrics.jsonl`` had the corrected one (5.3948 against 5.4804 at seq_len 64). The
+    held-out and ``eval.data`` sequences are whole (no padding, no label mask), so exactly one
+    position per sequence lacks a target and the mean is OLMo-core's value x
+    ``seq_len / (seq_len - 1)``, reduced over all ranks as OLMo-core reduces it."""
+
+    def __init__(self, *, seq_len: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seq_len = seq_len
+
+    def compute_metrics(self) -> dict[str, Any]:
+        """OLMo-core's metrics with the loss (and perplexity) over the positions with a target."""
+        out = super().compute_metrics()
+        for key in [k for k in out if k.endswith("/CE loss")]:
+            out[key] = out[key] * (self.seq_len / (self.seq_len - 1))
+            out[key.removesuffix("CE loss") + "PPL"] = out[key].exp()
+        return out
 
 
 @dataclass
@@ -253,7 +273,6 @@ def build_evaluator(
     from olmo_core.data import NumpyFSLDataLoader, NumpyFSLDatasetConfig
     from olmo_core.data.numpy_dataset import NumpyFSLDataset
     from olmo_core.distributed.utils import get_fs_local_rank, get_rank, get_world_size
-    from olmo_core.eval.lm_evaluator import LMEvaluator
     from olmo_core.train import Duration
     from olmo_core.utils import get_default_device
 
@@ -287,7 +306,9 @@ def build_evaluator(
         fs_local_rank=get_fs_local_rank(),
         target_device_type=device.type,
     )
-    evaluator = LMEvaluator(name="lm", batches=loader, labels=[EVAL_LABEL], device=device)
+    evaluator = HeldOutLMEvaluator(
+        seq_len=plan.batch.seq_len, name="lm", batches=loader, labels=[EVAL_LABEL], device=device
+    )
     return HeldOutEvaluatorCallback(
         evaluators=[evaluator],
         eval_interval=run.eval.interval,

@@ -159,7 +159,6 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
             tokens_per_step=plan.batch.global_tokens,
             world_size=plan.world.size,
             resumed_from=plan.resume_step,
-            seq_len=plan.batch.seq_len,
         ),
     }
     if eval_on(run):

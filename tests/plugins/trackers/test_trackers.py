@@ -109,6 +109,13 @@ def test_tensorboard_and_a_third_party_tracker_record_the_training_loss(tmp_path
     assert sorted(want) == [1, 2, 3, 4]
     assert scalars(tb, "train/CE loss") == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(want.items())]
     assert [s for s, _ in scalars(tb, "optim/LR (group 0)")] == [1, 2, 3, 4]
+    # One held-out loss: trackers get the number metrics.jsonl and the progress line show
+    # (they got OLMo-core's, (seq_len - 1) / seq_len of it; tests/test_eval.py checks the value
+    # against a one-process evaluation of the checkpoint).
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    held = {r["step"]: r["eval/loss"] for r in map(json.loads, lines) if "eval/loss" in r}
+    assert sorted(held) == [4]
+    assert scalars(tb, "eval/lm/heldout/CE loss") == [(4, pytest.approx(held[4], rel=1e-6))]
     [(step, config)] = texts(tb, "olmx/config")
     assert step == 0 and "trackers:\n      tensorboard:" in config and "max_steps: 4" in config
     [(_, plan)] = texts(tb, "olmx/plan")
