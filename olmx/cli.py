@@ -199,11 +199,23 @@ def plugins_list(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="olmx plugins")
-    for col in ("kind", "name", "distribution", "status", "description"):
-        table.add_column(col)
+    # one line per plugin at any width: the other columns whole, the description cut to what is
+    # left of the terminal (olmx plugins show NAME prints it whole)
+    cells = {
+        "kind": [r["kind"] for r in rows],
+        "name": [r["name"] for r in rows],
+        "distribution": [f"{r['distribution']} {r['version']}" for r in rows],
+        "status": [r["status"] for r in rows],  # a broken plugin's reason follows, wrapped
+    }
+    widths = {col: max(map(len, [col, *values])) for col, values in cells.items()}
+    room = max(20, out.width - sum(widths.values()) - 3 * len(widths) - 4)
+    for col in cells:
+        table.add_column(col, no_wrap=col != "status", min_width=widths[col])
+    table.add_column("description")
     colors = {
         "ok": "green",
         "available": "green",
@@ -212,11 +224,12 @@ def plugins_list(
         "shadowed": "yellow",
         "disabled": "dim",
     }
-    for r in rows:
-        status = f"[{colors.get(r['status'], 'white')}]{r['status']}[/]"
+    for i, r in enumerate(rows):
+        status = f"[{colors.get(r['status'], 'white')}]{escape(r['status'])}[/]"
         if r["reason"]:
-            status += f": {r['reason']}"
-        table.add_row(r["kind"], r["name"], f"{r['distribution']} {r['version']}", status, r["description"])
+            status += escape(f": {r['reason']}")
+        text = r["description"] if len(r["description"]) <= room else r["description"][: room - 1] + "…"
+        table.add_row(escape(r["kind"]), escape(r["name"]), escape(cells["distribution"][i]), status, escape(text))
     out.print(table)
 
 
@@ -284,6 +297,48 @@ def plugins_check(
     problems = check_plugin(target, console=out)
     if problems:
         raise typer.Exit(1)
+
+
+@app.command()
+@guarded
+def runs(
+    root: Path = typer.Argument(Path("runs"), help="The runs root (trainer.runs_root; default: ./runs)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """The runs under ROOT, one line each: state, step, last loss, last checkpoint, tokens."""
+    from olmx.errors import ConfigError
+    from olmx.runs import as_json as rows_json
+    from olmx.runs import run_dirs, run_row
+
+    if not root.is_dir():
+        raise ConfigError("ROOT", f"'{root}' is not a directory (runs are in trainer.runs_root, ./runs by default)")
+    rows = [run_row(p) for p in run_dirs(root)]
+    if as_json:
+        print(rows_json(rows))
+        return
+    if not rows:
+        out.print(f"no runs under {root} (a run directory holds plan.yaml)", markup=False)
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"olmx runs in {escape(str(root))}", title_justify="left")
+    for col in ("run", "state", "step", "loss", "ckpt", "tokens"):
+        table.add_column(col, justify="right" if col in ("step", "loss", "ckpt", "tokens") else "left")
+    colors = {"running": "cyan", "finished": "green", "stopped": "yellow", "failed": "red"}
+    for r in rows:
+        state = f"[{colors.get(r.state, 'white')}]{r.state}[/]"
+        if r.state != "finished":
+            state += f": {escape(r.detail)}"
+        table.add_row(
+            escape(r.name),
+            state,
+            f"{r.step}/{r.max_steps if r.max_steps is not None else '?'}",
+            f"{r.loss:.4f}" if r.loss is not None else "-",
+            str(r.checkpoint) if r.checkpoint is not None else "-",
+            f"{r.tokens:,}",
+        )
+    out.print(table)
 
 
 @app.command()

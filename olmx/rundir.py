@@ -61,6 +61,7 @@ __all__ = [
     "EVENTS_FILE",
     "LAUNCH_FILE",
     "CHECKPOINTS",
+    "CHECKPOINT_MARK",
     "LOGS",
     "WORK",
     "REPORT",
@@ -83,6 +84,10 @@ SUMMARY_FILE = "summary.json"
 EVENTS_FILE = "events.jsonl"
 LAUNCH_FILE = "launch.json"
 CHECKPOINTS = "checkpoints"
+#: The file that marks ``checkpoints/stepN`` complete: OLMo-core 3.0.0's
+#: ``Checkpointer.METADATA_FNAME``, written last, after olmx verified the files (a test holds
+#: the two equal).
+CHECKPOINT_MARK = ".metadata.json"
 LOGS = "logs"
 WORK = "work"
 REPORT = "report"
