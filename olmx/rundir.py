@@ -12,6 +12,7 @@
       logs/            node logs (nodeR.log) and torchrun's per-rank logs (logs/torchrun/)
       work/            OLMo-core's work files (dataset and loader indices, fault records)
       report/          ``olmx report``'s tables and plots
+      profile/         ``trainer.profile``'s Chrome traces and memory snapshots
       .olmx-run        the marker: olmx created or claimed this folder (olmx writes and
                        removes files only in folders that carry it)
       .olmx-lock       held by the one ``olmx train`` that writes the run now (host, pid, start)
@@ -65,6 +66,7 @@ __all__ = [
     "LOGS",
     "WORK",
     "REPORT",
+    "PROFILE",
     "MARKER_FILE",
     "LOCK_FILE",
     "LOCK_ENV",
@@ -91,6 +93,7 @@ CHECKPOINT_MARK = ".metadata.json"
 LOGS = "logs"
 WORK = "work"
 REPORT = "report"
+PROFILE = "profile"
 MARKER_FILE = ".olmx-run"
 LOCK_FILE = ".olmx-lock"
 #: Environment variable carrying the run-directory lock's token into every process a launcher
@@ -159,6 +162,11 @@ class RunDir:
     def report(self) -> Path:
         """``report/``."""
         return self.path / REPORT
+
+    @property
+    def profile(self) -> Path:
+        """``profile/``: ``trainer.profile``'s Chrome traces and memory snapshots."""
+        return self.path / PROFILE
 
     def latest_checkpoint(self) -> int | None:
         """Step of the newest complete checkpoint (None if there is none)."""

@@ -247,6 +247,19 @@ class TrainerConfig:
     #: When ``olmx train`` ends (finished, stopped or failed), write the run's report
     #: (``RUN_DIR/report/``: summary table and plots, as ``olmx report RUN_DIR``) and say where.
     report: bool = True
+    #: Trace steps with ``torch.profiler`` on rank 0 (OLMo-core's ``ProfilerCallback``: CPU and,
+    #: on CUDA, GPU activity, with Python stacks): one Chrome trace per profiled window in
+    #: ``RUN_DIR/profile/`` (open it in https://ui.perfetto.dev or TensorBoard's profiler), and
+    #: the slowest ops in rank 0's log. The profiled steps run slower than the others.
+    profile: bool = False
+    #: The first profiled step (the step before it is traced and discarded: warm-up).
+    profile_start: int = setting(5, ge=2)
+    #: How many steps are profiled from ``profile_start`` on.
+    profile_steps: int = setting(2, ge=1)
+    #: Also record CUDA memory allocations over the profiled steps and dump a snapshot per rank
+    #: 0 (``RUN_DIR/profile/memsnapshot.0.pickle``, for https://pytorch.org/memory_viz;
+    #: OLMo-core's ``TorchMemoryHistoryCallback``). CUDA only.
+    memory_snapshot: bool = False
 
 
 @dataclass

@@ -107,12 +107,39 @@ def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
         f"torch.compile: {'on' if compile_ else 'off'}"
         + (" (auto: on with CUDA)" if mode == "auto" and compile_ else " (auto: off on CPUs)" if mode == "auto" else "")
     )
+    notes += profile_notes(t, world)
     interval = t.log_interval or (CUDA_LOG_INTERVAL if world.device == "cuda" else 1)
     notes.append(
         f"metrics: every {interval} step(s)"
         + ("" if t.log_interval else f" (null: {CUDA_LOG_INTERVAL} on CUDA, 1 on CPUs)")
     )
     return Execution(attention=backend, compile=compile_, log_interval=interval, notes=tuple(notes))
+
+
+def profile_notes(t: Any, world: World) -> list[str]:
+    """The plan's lines on ``trainer.profile`` / ``trainer.memory_snapshot``, or why they cannot run."""
+    if t.memory_snapshot and not t.profile:
+        raise ConfigError("trainer.memory_snapshot", "records over the profiled steps: set trainer.profile=true too")
+    if not t.profile:
+        return []
+    last = t.profile_start + t.profile_steps - 1
+    end = t.stop_at_step or t.max_steps
+    if last > end:
+        raise ConfigError(
+            "trainer.profile_start",
+            f"profiles steps {t.profile_start}-{last}, past the run's last step {end}: start earlier or profile fewer",
+        )
+    if t.memory_snapshot and world.device != "cuda":
+        raise ConfigError(
+            "trainer.memory_snapshot",
+            f"records CUDA allocations; this run's device is {world.device_name} ({world.device})",
+        )
+    what = "CPU and CUDA activity" if world.device == "cuda" else "CPU activity"
+    snapshot = " and a CUDA memory snapshot" if t.memory_snapshot else ""
+    return [
+        f"profile: rank 0, steps {t.profile_start}-{last} ({what}, Python stacks; step {t.profile_start - 1} "
+        f"warms up): a Chrome trace{snapshot} in RUN_DIR/profile/; those steps run slower"
+    ]
 
 
 #: The modules flash-attention installs (2: ``flash_attn``; 3: ``flash_attn_3`` or, built from

@@ -17,6 +17,7 @@ on a signal or a non-finite loss) every rank's throughput and peak memory are ga
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
 import time
@@ -25,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from olmo_core.train.callbacks import Callback, SpeedMonitorCallback
+from olmo_core.train.callbacks import Callback, ProfilerCallback, SpeedMonitorCallback
 
 from olmx.rundir import RunDir
 from olmx.worker.datasets import eval_record
 from olmx.writable import write_text_atomic
+
+log = logging.getLogger(__name__)
 
 
 def peak_memory_mib(device: Any) -> float:
@@ -196,3 +199,62 @@ class OlmxMetricsCallback(Callback):
             "run_dir": self.run_dir,
         }
         write_text_atomic(RunDir(self.run_dir).summary, json.dumps(summary, indent=2))
+
+
+@dataclass
+class RunDirProfilerCallback(ProfilerCallback):
+    """OLMo-core's ``ProfilerCallback`` (rank 0) tracing steps ``first``..``last`` into
+    ``RUN_DIR/profile/rank0-steps-FIRST-LAST.chrome_trace.json.gz``.
+
+    OLMo-core steps its ``torch.profiler`` schedule when each batch after the first is loaded,
+    so step ``k`` runs at schedule index ``k - 1``; ``wait = first - 2`` and one warm-up step
+    make ``first`` the first traced step. The window is closed right after ``last`` (OLMo-core
+    would close it when the next batch is loaded, which never comes when ``last`` ends the
+    run), and the trace goes to the run directory (OLMo-core writes it under its work
+    directory and copies it to the checkpoint folder)."""
+
+    #: The first traced step.
+    first: int = 2
+    #: The last traced step.
+    last: int = 2
+    #: Where the trace is written (``RUN_DIR/profile``).
+    out_dir: str = ""
+
+    def __post_init__(self) -> None:
+        self.skip_first, self.wait, self.warmup = 0, self.first - 2, 1
+        self.active, self.repeat = self.last - self.first + 1, 1
+
+    def post_train_batch(self) -> None:
+        """End the traced window with its last step."""
+        if self._profiler is not None and self.step == self.last:
+            self._profiler.step()
+
+    def _on_trace_ready(self, prof: Any) -> None:
+        out = Path(self.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"rank0-steps-{self.first}-{self.last}.chrome_trace.json.gz"
+        tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")  # ends in .gz: torch gzips by the name
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, path)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+        log.info(f"profile of steps {self.first}-{self.last} written to {path}; by CPU time:\n{table}")
+
+    def close(self) -> None:
+        """Stop the profiler however the run ends."""
+        stack = self.__dict__.pop("_exit_stack", None)  # set by OLMo-core's pre_train on rank 0
+        if stack is not None:
+            stack.close()
+
+
+def profile_callbacks(t: Any, out_dir: Path) -> dict[str, Callback]:
+    """``trainer.profile``'s callbacks: the trace, and with ``trainer.memory_snapshot`` OLMo-core's
+    CUDA memory history over the same steps (rank 0)."""
+    if not t.profile:
+        return {}
+    first, last = t.profile_start, t.profile_start + t.profile_steps - 1
+    out: dict[str, Callback] = {"profiler": RunDirProfilerCallback(first=first, last=last, out_dir=str(out_dir))}
+    if t.memory_snapshot:
+        from olmo_core.train.callbacks import TorchMemoryHistoryCallback
+
+        out["memory_snapshot"] = TorchMemoryHistoryCallback(start=first, end=last, output_dir=str(out_dir))
+    return out

@@ -124,7 +124,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
     from olmx.data.splits import eval_on
-    from olmx.worker.callbacks import OlmxMetricsCallback, OlmxSpeedMonitorCallback
+    from olmx.worker.callbacks import OlmxMetricsCallback, OlmxSpeedMonitorCallback, profile_callbacks
     from olmx.worker.checkpoint import KEEP_CHECKPOINTS, OlmxCheckpointerConfig
     from olmx.worker.datasets import build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
@@ -171,6 +171,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
         )
     # The guard takes the gradient norm, clips and feeds SkipStepAdamW (olmx.worker.faults).
     callbacks.update(fault_callbacks(run, str(run_dir), stop_check_interval=plan.execution.log_interval))
+    callbacks.update(profile_callbacks(t, rd.profile))
     callbacks.update(plugin_callbacks(plan, reg))
     return TrainerConfig(
         save_folder=str(rd.checkpoints),
