@@ -108,13 +108,13 @@ def auto_choice(overrides: list[str], cap_gib: float) -> list[str] | None:
     memory estimate counts) is available; None where nothing fits."""
     from olmx.config.compose import compose, to_object
     from olmx.plan import auto
-    from olmx.plan.resolve import evaluator
+    from olmx.plan.resolve import make_evaluator
     from olmx.registry import registry
 
     reg = registry()
     run = to_object(compose(overrides, reg), reg)
     world = replace(reg.get("infra", run.infra_name).world(run.infra[run.infra_name]), device_memory_gib=cap_gib)
-    choice = auto.choose(run, world, reg, evaluator(world, reg))
+    choice = auto.choose(run, world, reg, make_evaluator(world, reg))
     return None if choice.warning else list(choice.overrides)
 
 

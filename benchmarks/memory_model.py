@@ -269,9 +269,9 @@ def measured_mib(args: list[str], run_dir: Path, env: dict[str, str] | None = No
     return max(p["peak_mem_mib"] for p in summary["processes"])
 
 
-def estimated(args: list[str], run_dir: Path) -> tuple[str, dict[str, float]]:
+def estimate_run(args: list[str], run_dir: Path) -> tuple[str, dict[str, float]]:
     """The plan's device and its memory estimate's terms, in MiB."""
-    from olmx.plan.resolve import estimated as plan_estimate
+    from olmx.plan.resolve import estimate_run as plan_estimate
     from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
@@ -477,7 +477,7 @@ def main() -> None:
     if args.estimate_only:
         for device, rows in [*record.items(), *saved.get("compile", {}).get("rows", {}).items()]:
             for i, case in enumerate(CASES):
-                if case.name in rows and (est := estimated(case.args, root / f"e{i}"))[0] == device:
+                if case.name in rows and (est := estimate_run(case.args, root / f"e{i}"))[0] == device:
                     rows[case.name].update(est[1])  # (rows of another device keep theirs)
         print(table(record), summary(record), compile_table(saved.get("compile", {})), sep="\n\n")
         write(record, meta, args.out, saved.get("compile"))
@@ -566,7 +566,7 @@ def runnable(wanted: Callable[[str], bool], n_gpus: int, root: Path) -> Iterator
         if device == "cuda" and case.nproc > n_gpus:
             print(f"{case.name}: skipped ({case.nproc} processes, {n_gpus} GPU(s))")
             continue
-        plan_device, est = estimated(case.args, root / f"e{i}")
+        plan_device, est = estimate_run(case.args, root / f"e{i}")
         assert plan_device == device, (plan_device, device)
         yield i, case, est
 

@@ -19,7 +19,7 @@ from olmx.config.schema import AutoParallelConfig
 from olmx.errors import ConfigError
 from olmx.plan import throughput
 from olmx.plan.memory import GIB
-from olmx.plan.resolve import count_params, estimated, padded_vocab, plan_from_overrides, resolve
+from olmx.plan.resolve import count_params, estimate_run, padded_vocab, plan_from_overrides, resolve
 from olmx.registry import registry
 
 H100 = ["infra=runpod", "infra.gpu_type=NVIDIA H100 80GB HBM3", "infra.ship_data=false", "precision=bf16"]
@@ -45,7 +45,7 @@ def chosen(p) -> list[str]:
 
 
 def peak(p) -> int:
-    return estimated(p.run, p.world, registry()).est.peak
+    return estimate_run(p.run, p.world, registry()).est.peak
 
 
 def fits(p) -> bool:

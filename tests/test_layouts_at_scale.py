@@ -580,11 +580,11 @@ def test_plans_parameters_gradients_and_optimizer_state_per_rank(built, plans, w
     (``4 P / (dp_shard x cp)`` and the same for gradients, twice for AdamW) is within FSDP2's
     rounding: rank 0 holds ``ceil(n / shards)`` rows of each parameter, less than one row more
     than its exact share."""
-    from olmx.plan.resolve import estimated
+    from olmx.plan.resolve import estimate_run
     from olmx.registry import registry
 
     plan = plans[(world, strategy)]
-    est = estimated(plan.run, plan.world, registry()).est
+    est = estimate_run(plan.run, plan.world, registry()).est
     b = built[f"{world} {strategy} 0"]
     got = b["memory"]
     assert {k: got[k] for k in ("params", "grads", "optimizer")} == _state_bytes(plan, b["params"], 0)
@@ -599,11 +599,11 @@ def test_plans_parameters_per_rank_under_ddp_ep(built, plans, world):
     one replica group. With more (64 ranks: 8 groups) FSDP2 also shards each group's experts
     over the replicas at rest (olmx_plugins.layers.moe.expert_parallel), which the plan does not
     count: its estimate is then an upper bound (it holds the gathered experts of a layer)."""
-    from olmx.plan.resolve import estimated
+    from olmx.plan.resolve import estimate_run
     from olmx.registry import registry
 
     plan = plans[(world, "ddp_ep")]
-    est = estimated(plan.run, plan.world, registry()).est
+    est = estimate_run(plan.run, plan.world, registry()).est
     params = built[f"{world} ddp_ep 0"]["params"]
     got = 4 * sum(math.prod(p["local"]) for p in params.values())
     assert got == _state_bytes(plan, params, 0)["params"]
@@ -614,11 +614,11 @@ def test_plans_parameters_per_rank_under_ddp_ep(built, plans, world):
 
 
 def _peak_ratio(built, plans, key, plan_key) -> float:
-    from olmx.plan.resolve import estimated
+    from olmx.plan.resolve import estimate_run
     from olmx.registry import registry
 
     plan = plans[plan_key]
-    est = estimated(plan.run, plan.world, registry()).est
+    est = estimate_run(plan.run, plan.world, registry()).est
     return built[key]["memory"]["peak"]["Total"] / est.peak
 
 

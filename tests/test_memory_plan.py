@@ -23,9 +23,9 @@ def plan(tmp_path, *overrides: str):
 
 
 def _estimate(p):
-    from olmx.plan.resolve import estimated
+    from olmx.plan.resolve import estimate_run
 
-    return estimated(p.run, p.world, registry()).est
+    return estimate_run(p.run, p.world, registry()).est
 
 
 def test_a_7b_model_on_one_80gb_gpu_is_refused_with_the_numbers(tmp_path) -> None:

@@ -58,10 +58,14 @@ Evaluate = Callable[[RunConfig], Fit]
 
 
 @dataclass(frozen=True)
-class Layout:
-    """One way to lay out the parallel plugins: their settings and the overrides that select them."""
+class ParallelOption:
+    """One way to lay out the parallel plugins that ``auto`` tries (not :class:`olmx.api.Layout`,
+    a strategy's layout of the data-parallel ranks): their settings and the overrides that
+    select them."""
 
+    #: Parallel plugin name -> its settings.
     parallel: dict[str, Any]
+    #: The overrides that select this option (``parallel=[fsdp]``, ...).
     overrides: tuple[str, ...]
 
 
@@ -79,14 +83,14 @@ class Choice:
     warning: str = ""
 
 
-def layouts(run: RunConfig, world: World, reg: Any) -> list[Layout]:
+def parallel_options(run: RunConfig, world: World, reg: Any) -> list[ParallelOption]:
     """The parallel layouts to try, cheapest first: for ``parallel=auto`` built from the
     installed plugins' capabilities, otherwise the product of the listed plugins' options."""
     if AUTO not in run.parallel:
         plugins = [(reg.get("parallel", name), cfg) for name, cfg in run.parallel.items()]
         per_plugin = [[(plugin.name, o, c) for o, c in plugin.options(cfg, run, world)] for plugin, cfg in plugins]
         return [
-            Layout({name: c for name, _, c in combo}, tuple(o for _, o, _ in combo if o))
+            ParallelOption({name: c for name, _, c in combo}, tuple(o for _, o, _ in combo if o))
             for combo in itertools.product(*per_plugin)
         ]
     if len(run.parallel) > 1:
@@ -97,7 +101,7 @@ def layouts(run: RunConfig, world: World, reg: Any) -> list[Layout]:
             f"alone, or list the strategies yourself (parallel=[{others}])",
         )
     if world.size == 1:
-        return [Layout({}, ("parallel=[]",))]
+        return [ParallelOption({}, ("parallel=[]",))]
     installed = _installed_parallel(reg)
     experts = any(plugin.experts for _, plugin, _ in reg.layers_in_order(run.layers))
     kinds = [k for k in PARALLEL_CAPABILITIES if k != "sequence"]
@@ -123,7 +127,7 @@ def layouts(run: RunConfig, world: World, reg: Any) -> list[Layout]:
         if seq_plugin is not None:
             parallel[seq_plugin.name] = seq_cfg
         names = f"parallel=[{','.join(parallel)}]"
-        out.append(Layout(parallel, tuple(o for o in (names, dp_override, seq_override) if o)))
+        out.append(ParallelOption(parallel, tuple(o for o in (names, dp_override, seq_override) if o)))
     return out
 
 
@@ -145,7 +149,7 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
     itself, with no rows, when nothing is ``auto``."""
     t = run.trainer
     acs = AC_BY_COST if t.activation_checkpointing == AUTO else (t.activation_checkpointing,)
-    lays = layouts(run, world, reg)
+    lays = parallel_options(run, world, reg)
     asked = [f for f, on in _asked(run, lays) if on]
     if not asked:
         return Choice(run, (), [])
@@ -176,7 +180,7 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
     return _nothing_fits(asked, valid, errors, tried, cap, world)
 
 
-def _asked(run: RunConfig, lays: list[Layout]) -> list[tuple[str, bool]]:
+def _asked(run: RunConfig, lays: list[ParallelOption]) -> list[tuple[str, bool]]:
     """The fields set to ``auto``, for messages."""
     t = run.trainer
     return [
@@ -187,7 +191,7 @@ def _asked(run: RunConfig, lays: list[Layout]) -> list[tuple[str, bool]]:
 
 
 def _micro_batches(
-    run: RunConfig, evaluate: Evaluate, errors: list[ConfigError], lay: Layout, tried: list[Any]
+    run: RunConfig, evaluate: Evaluate, errors: list[ConfigError], lay: ParallelOption, tried: list[Any]
 ) -> list[int]:
     """``trainer.micro_batch_size`` as given, or (``auto_micro_batch``) every divisor of the
     per-rank batch of this layout, largest first."""

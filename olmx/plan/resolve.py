@@ -77,9 +77,9 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
 
     from olmx.plan import auto, memory, throughput
 
-    choice = auto.choose(run, world, reg, evaluator(world, reg))  # the user's run where nothing is auto
+    choice = auto.choose(run, world, reg, make_evaluator(world, reg))  # the user's run where nothing is auto
     run = choice.run
-    ev = estimated(run, world, reg)
+    ev = estimate_run(run, world, reg)
     ctx, contributions, batch, params, est, sharded = ev.ctx, ev.contributions, ev.batch, ev.params, ev.est, ev.sharded
     mesh, dtypes, vocab = ctx.mesh, ctx.dtypes, ctx.vocab_size
     data_rows += check_eval(run, mesh, files_here=files_here, off=eval_off)
@@ -129,13 +129,13 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     )
 
 
-def evaluator(world: World, reg: Registry) -> Evaluate:
+def make_evaluator(world: World, reg: Registry) -> Evaluate:
     """What :func:`olmx.plan.auto.choose` asks of each candidate: checked as the plan checks a
-    run (:func:`estimated`, ConfigError where refused) and its estimated peak."""
+    run (:func:`estimate_run`, ConfigError where refused) and its estimated peak."""
     from olmx.plan import auto
 
     def fit(candidate: RunConfig) -> auto.Fit:
-        e = estimated(candidate, world, reg)
+        e = estimate_run(candidate, world, reg)
         return auto.Fit(peak=e.est.peak, dp=e.mesh.dp)
 
     return fit
@@ -160,12 +160,12 @@ class Estimated:
         return self.ctx.mesh
 
 
-def estimated(run: RunConfig, world: World, reg: Registry) -> Estimated:
+def estimate_run(run: RunConfig, world: World, reg: Registry) -> Estimated:
     """The passes of :func:`resolve` that decide the memory estimate; raises ConfigError where
     the run is refused. Resolve runs them once per ``auto`` candidate (:mod:`olmx.plan.auto`)."""
     from olmx.plan import memory
 
-    ctx = context(run, world, reg)
+    ctx = build_context(run, world, reg)
     mesh, vocab = ctx.mesh, ctx.vocab_size
     contributions: dict[str, Contribution] = {}
     for plugin, cfg in plugins_in_order(run, reg):
@@ -197,7 +197,7 @@ def estimated(run: RunConfig, world: World, reg: Registry) -> Estimated:
     return Estimated(ctx, contributions, batch, params, est, sharded)
 
 
-def context(run: RunConfig, world: World, reg: Registry) -> Context:
+def build_context(run: RunConfig, world: World, reg: Registry) -> Context:
     """Resolve's first passes: the mesh (parallel plugins' claims and layout), the precision
     plugin's dtypes, the layers in order; what every plugin's ``resolve`` then checks against."""
     parallel = [(reg.get("parallel", name), cfg) for name, cfg in run.parallel.items()]

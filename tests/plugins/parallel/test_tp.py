@@ -43,12 +43,12 @@ def test_the_mesh_gains_tp_and_the_plan_says_what_each_rank_holds():
 def test_the_memory_estimate_holds_a_slice_of_the_weights_and_activations():
     """Per rank, tp=2 holds half the parameter, gradient and optimizer bytes of one process and
     half its activations (sequence-parallel norms)."""
-    from olmx.plan.resolve import estimated
+    from olmx.plan.resolve import estimate_run
 
     alone = plan_for("infra.nproc_per_node=1", "parallel=[]", "trainer.micro_batch_size=8")
     sliced = plan_for("parallel=[fsdp,tp]", "trainer.micro_batch_size=8")
-    a = estimated(alone.run, alone.world, registry()).est
-    s = estimated(sliced.run, sliced.world, registry()).est
+    a = estimate_run(alone.run, alone.world, registry()).est
+    s = estimate_run(sliced.run, sliced.world, registry()).est
     assert s.params == a.params // 2 and s.optimizer == a.optimizer // 2
     assert s.activations == pytest.approx(a.activations / 2, rel=0.01)
 

@@ -44,7 +44,7 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
     """Layer plugins edit the torch-free list (``linear_layers``): MoE blocks lose the dense
     feed-forward and bring shared experts, Engram brings its projections (kept)."""
     from olmx.config.compose import compose, to_object
-    from olmx.plan.resolve import context, resolve
+    from olmx.plan.resolve import build_context, resolve
     from olmx.registry import registry
     from olmx.worker.model import build_model
     from olmx_plugins.precision.mx import apply_mxfp8
@@ -55,7 +55,7 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
     plan = resolve(run, reg)
     dense_run = to_object(compose(common, reg), reg)  # the same model, before any conversion
     model = build_model(resolve(dense_run, reg), reg)
-    planned = context(run, plan.world, reg).linear_layers()
+    planned = build_context(run, plan.world, reg).linear_layers()
     built = [
         (n, m.in_features, m.out_features, type(m) is not nn.Linear)
         for n, m in model.named_modules()

@@ -7,7 +7,7 @@ import pytest
 from olmx.api import World
 from olmx.config.compose import compose, to_object
 from olmx.errors import ConfigError
-from olmx.plan.resolve import context
+from olmx.plan.resolve import build_context
 from olmx.registry import registry
 
 CPU2 = World(nnodes=1, nproc_per_node=2)
@@ -18,7 +18,7 @@ B200 = World(nnodes=1, nproc_per_node=8, device="cuda", device_name="NVIDIA B200
 def plan_rows_list(precision: str, world: World, *overrides: str) -> list[tuple[str, str]]:
     reg = registry()
     run = to_object(compose([f"precision={precision}", *overrides], reg), reg)
-    return reg.get("precision", precision).resolve(run.precision[precision], context(run, world, reg)).rows
+    return reg.get("precision", precision).resolve(run.precision[precision], build_context(run, world, reg)).rows
 
 
 def plan_rows(precision: str, world: World, *overrides: str) -> dict[str, str]:
@@ -174,6 +174,6 @@ def test_sequence_parallel_degrees_divide_the_tokens_a_linear_layer_sees():
         ),
         reg,
     )
-    ctx = context(run, World(nnodes=1, nproc_per_node=4), reg)
+    ctx = build_context(run, World(nnodes=1, nproc_per_node=4), reg)
     assert ctx.mesh.cp == 2
     assert ctx.tokens_per_rank() == (48, "trainer.micro_batch_size=2 x data.seq_len=48 / context-parallel degree 2")
