@@ -344,9 +344,11 @@ class Contribution:
     #: transient communication buffers, such as an all-to-all, need no term: they are freed
     #: before the peak at the start of the backward pass.)
     activation_bytes_per_token: int = 0
-    #: Decisions made here (plain data: str, int, float, bool, lists, dicts), saved in the plan
-    #: and read back at build time with :meth:`Plugin.decided` instead of being recomputed.
-    decisions: dict[str, Any] = field(default_factory=dict)
+    #: Decisions made here, saved in the plan and read back at build time with
+    #: :meth:`Plugin.decided` instead of being recomputed: an instance of the plugin's
+    #: ``Decisions`` dataclass (fields of plain types: str, int, float, bool, lists, dicts), or
+    #: a plain dict from a plugin without one.
+    decisions: Any = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -452,6 +454,10 @@ class Plugin:
     api: str = ""
     #: The config dataclass (every field documented).
     Config: type = type(None)
+    #: The dataclass of what ``resolve`` decides (every field documented), or None for a plugin
+    #: that decides nothing or keeps plain data. The plan saves it as plain data and re-types
+    #: it when read back, as it does ``Config``; :meth:`decided` returns the instance.
+    Decisions: ClassVar[type | None] = None
 
     @property
     def section(self) -> str:
@@ -471,8 +477,9 @@ class Plugin:
         """OLMo-core trainer callbacks this plugin adds (name -> ``Callback``). Default: none."""
         return {}
 
-    def decided(self, plan: Plan) -> dict[str, Any]:
-        """The :attr:`Contribution.decisions` this plugin's ``resolve`` recorded in ``plan``."""
+    def decided(self, plan: Plan) -> Any:
+        """The :attr:`Contribution.decisions` this plugin's ``resolve`` recorded in ``plan``: an
+        instance of :attr:`Decisions` (a plain dict for a plugin without one; ``{}`` if none)."""
         return plan.decisions.get(self.section, {})
 
 

@@ -173,7 +173,7 @@ class RunDir:
         steps = []
         for p in self.checkpoints.glob("step*"):
             m = re.fullmatch(r"step(\d+)", p.name)
-            if m and (p / ".metadata.json").is_file():
+            if m and (p / CHECKPOINT_MARK).is_file():
                 steps.append(int(m.group(1)))
         return max(steps) if steps else None
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from olmx.events import outcome, read_events
-from olmx.rundir import CHECKPOINT_MARK, CHECKPOINTS, RunDir
+from olmx.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def run_row(path: Path) -> RunRow:
         step=int(last.get("step", 0)),
         max_steps=_max_steps(path / "plan.yaml"),
         loss=losses[-1] if losses else None,
-        checkpoint=_checkpoint(path / CHECKPOINTS),
+        checkpoint=rd.latest_checkpoint(),
         tokens=int(last.get("tokens", 0)),
     )
 
@@ -114,14 +114,6 @@ def _max_steps(plan: Path) -> int | None:
     except Exception:  # noqa: BLE001 -- a cut or hand-edited plan: the row says "?"
         return None
     return value if isinstance(value, int) else None
-
-
-def _checkpoint(root: Path) -> int | None:
-    steps = []
-    for p in root.glob("step*") if root.is_dir() else []:
-        if p.name[4:].isdigit() and (p / CHECKPOINT_MARK).is_file():
-            steps.append(int(p.name[4:]))
-    return max(steps, default=None)
 
 
 def as_json(rows: list[RunRow]) -> str:

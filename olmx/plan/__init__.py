@@ -67,8 +67,9 @@ class Plan:
     resume_step: int | None
     #: The attention rule, ``torch.compile`` and the metrics cadence for the target's device.
     execution: Execution = field(default_factory=Execution)
-    #: Plugin section (``layers.moe``) -> the decisions its ``resolve`` made.
-    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Plugin section (``layers.moe``) -> the decisions its ``resolve`` made (an instance of
+    #: the plugin's ``Decisions``, or a plain dict).
+    decisions: dict[str, Any] = field(default_factory=dict)
     #: Plugin section -> rows for the printed plan.
     sections: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     olmx_version: str = ""
@@ -144,7 +145,7 @@ class Plan:
         """Inverse of :meth:`to_dict`; plugin sections typed by the plugins ``reg`` loads
         (default: the process's registry). Raises :class:`olmx.plan.codec.PlanDataError` (a
         ``ValueError`` saying where) for data that does not fit the plan's types."""
-        from olmx.plan.codec import PlanDataError, from_data, run_from_data
+        from olmx.plan.codec import PlanDataError, decisions_from_data, from_data, run_from_data
 
         if not isinstance(data, dict):
             raise PlanDataError(f"expected a mapping of the plan's keys, got {type(data).__name__}")
@@ -158,7 +159,8 @@ class Plan:
         if "run" in data:
             raise PlanDataError("Plan has no field(s) run (the run config is under config)")
         run = run_from_data(data.pop("config"), reg)
-        return from_data(cls, {**data, "run": run})
+        decisions = decisions_from_data(data.pop("decisions", {}), run, reg)
+        return from_data(cls, {**data, "run": run, "decisions": decisions})
 
     def save(self) -> Path:
         """Write ``plan.yaml`` atomically into the run directory."""

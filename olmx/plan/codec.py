@@ -157,3 +157,21 @@ def run_from_data(data: dict[str, Any], reg: Any) -> Any:
     except ConfigError as exc:
         raise PlanDataError(str(exc)) from None
     return run
+
+
+def decisions_from_data(data: Any, run: Any, reg: Any) -> dict[str, Any]:
+    """The plan's ``decisions`` re-typed: each section of a plugin of ``run`` with a
+    ``Decisions`` dataclass becomes an instance of it (as plugin configs are re-typed); the
+    others stay plain data."""
+    if not isinstance(data, dict):
+        raise PlanDataError(f"decisions: expected a mapping, got {_show(data)}")
+    typed = {}
+    for kind, group in CONFIG_GROUPS.items():
+        for name in getattr(run, group):
+            plugin = reg.get(kind, name)
+            typed[plugin.section] = plugin.Decisions
+    out: dict[str, Any] = {}
+    for section, values in data.items():
+        cls = typed.get(section)
+        out[section] = from_data(cls, values, where=f"decisions.{section}") if cls is not None else values
+    return out

@@ -31,6 +31,7 @@ from typing import Any
 from olmx.api import Context, Contribution, setting
 from olmx.errors import ConfigError
 from olmx_plugins.precision.lowp import (
+    ConversionDecisions,
     LowPrecisionConfig,
     LowPrecisionPlugin,
     hardware,
@@ -111,13 +112,13 @@ class FP8Precision(LowPrecisionPlugin):
             rows.append(("note", "float8 needs torch.compile to be faster than bf16: torch.compile is on for this run"))
         if cfg.emulate:
             rows.append(("warning", "emulated FP8 is slow: use it to check numerics, not to train for speed"))
-        return Contribution(rows=rows, decisions={"convert": sorted(layer.name for layer in converted)})
+        return Contribution(rows=rows, decisions=ConversionDecisions(convert=sorted(layer.name for layer in converted)))
 
     def apply_model(self, cfg: FP8Config, model: Any, plan: Any) -> None:
         """Convert the planned linear layers to torchao ``Float8Linear`` (before any parallelism)."""
         from olmx_plugins.precision.float8 import apply_float8
 
-        apply_float8(model, recipe=cfg.recipe, convert=self.decided(plan)["convert"], emulate=cfg.emulate)
+        apply_float8(model, recipe=cfg.recipe, convert=self.decided(plan).convert, emulate=cfg.emulate)
 
 
 FP8 = FP8Precision()

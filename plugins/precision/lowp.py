@@ -105,9 +105,19 @@ def shown(layers: list[LinearLayer]) -> str:
     return ", ".join(f"{key} (x{len(names)})" if len(names) > 1 else names[0] for key, names in groups.items())
 
 
+@dataclass
+class ConversionDecisions:
+    """What the plan decided a low-precision plugin converts (the worker converts exactly these)."""
+
+    #: Fully qualified names of the ``nn.Linear`` layers to convert, sorted.
+    convert: list[str] = field(default_factory=list)
+
+
 class LowPrecisionPlugin(PrecisionPlugin):
     """What the low-precision linear-layer plugins (``mxfp8``, ``fp8``) share: the dtypes of
-    everything they do not convert."""
+    everything they do not convert, and their decisions."""
+
+    Decisions = ConversionDecisions
 
     def dtypes(self, cfg: LowPrecisionConfig, run: Any, world: World, mesh: Mesh) -> Dtypes:
         """``param_dtype``, whose null default is bfloat16, except float32 on CPU where

@@ -39,6 +39,7 @@ from olmx.errors import ConfigError
 from olmx_plugins.precision.lowp import (
     BLOCK_SIZE,
     MIN_COMPUTE_CAPABILITY,
+    ConversionDecisions,
     LowPrecisionPlugin,
     MXFP8Config,
     hardware,
@@ -116,13 +117,13 @@ class MXFP8Precision(LowPrecisionPlugin):
         rows.append(("tokens per micro-batch", f"{tokens} ({how}), a multiple of {BLOCK_SIZE}"))
         if cfg.emulate:
             rows.append(("warning", "emulated MXFP8 is slow: use it to check numerics, not to train for speed"))
-        return Contribution(rows=rows, decisions={"convert": sorted(layer.name for layer in converted)})
+        return Contribution(rows=rows, decisions=ConversionDecisions(convert=sorted(layer.name for layer in converted)))
 
     def apply_model(self, cfg: MXFP8Config, model: Any, plan: Any) -> None:
         """Convert the plan's linear layers of the built model to MXFP8 (before any parallelism)."""
         from olmx_plugins.precision.mx import apply_mxfp8
 
-        apply_mxfp8(model, cfg, convert=self.decided(plan)["convert"], emulate=cfg.emulate)
+        apply_mxfp8(model, cfg, convert=self.decided(plan).convert, emulate=cfg.emulate)
 
 
 MXFP8 = MXFP8Precision()

@@ -70,3 +70,9 @@ def test_plan_round_trips_through_yaml(tmp_path):
     assert path == tmp_path / "r" / "plan.yaml"
     assert Plan.load(path) == plan
     assert plan.sections["precision"][1] == ("compute (all-gathered parameters)", "bfloat16")
+    # a plugin's decisions come back as its Decisions dataclass, as its config does
+    from olmx_plugins.layers.moe.config import MoEDecisions
+
+    moe = plan_for(f"trainer.run_dir={tmp_path / 'm'}", "layers=[moe]")
+    loaded = Plan.load(moe.save())
+    assert loaded.decisions == {"layers.moe": MoEDecisions(backend="portable")} == moe.decisions

@@ -153,3 +153,11 @@ def choose_sharding(cfg: EngramLayerConfig, *, world: int, table_params: int) ->
             f"Adam's moments) is under {limit}"
         )
     return "1d", (f"auto: {world} ranks and {state / 2**30:,.2f} GiB of replicated table state a rank, over {limit}")
+
+
+@dataclass
+class EngramDecisions:
+    """What the plan decided for ``layers=[engram]``."""
+
+    #: The tables' sharding, ``auto`` resolved: ``replicated``, ``1d`` or ``2d``.
+    sharding: str = "replicated"

@@ -21,6 +21,7 @@ from typing import Any
 from olmx.api import Context, Contribution, LayerPlugin, LinearLayer
 from olmx.errors import ConfigError
 from olmx_plugins.layers.engram.config import (
+    EngramDecisions,
     EngramLayerConfig,
     choose_sharding,
     layer_ids,
@@ -57,6 +58,7 @@ class EngramLayer(LayerPlugin):
     description = __doc__.splitlines()[0]
     api = ">=2.0,<3"
     Config = EngramLayerConfig
+    Decisions = EngramDecisions
     #: Extends whatever block is there: after plugins that replace blocks (order < 90).
     order = 90
 
@@ -200,7 +202,7 @@ class EngramLayer(LayerPlugin):
             activation_bytes_per_token=0
             if run.trainer.activation_checkpointing == "full"
             else n * (d_mem + 11 * m.d_model) * wire,
-            decisions={"sharding": sharding},
+            decisions=EngramDecisions(sharding=sharding),
         )
 
     @staticmethod
@@ -213,9 +215,9 @@ class EngramLayer(LayerPlugin):
 
     def sharding(self, cfg: EngramLayerConfig, plan: Any) -> str:
         """The tables' sharding the plan decided (``auto`` resolved by :meth:`resolve`)."""
-        decided = self.decided(plan).get("sharding")
-        if decided is not None:
-            return str(decided)
+        decided = self.decided(plan)
+        if isinstance(decided, EngramDecisions):
+            return decided.sharding
         return "replicated" if cfg.sharding == "auto" else cfg.sharding
 
     def engram_config(self, cfg: EngramLayerConfig, plan: Any) -> Any:

@@ -69,3 +69,11 @@ def moe_blocks(cfg: MoEConfig, n_layers: int) -> list[int]:
 def expert_hidden(cfg: MoEConfig, model: Any) -> int:
     """Hidden width of one routed expert."""
     return cfg.hidden_size if cfg.hidden_size is not None else model.hidden_size
+
+
+@dataclass
+class MoEDecisions:
+    """What the plan decided for ``layers=[moe]``."""
+
+    #: The implementation the plan chose: ``portable`` or ``olmo_core``.
+    backend: str = "portable"

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from olmx.api import FF_H, Context, Contribution, LayerPlugin, LinearLayer, Mesh, World
 from olmx.errors import ConfigError
-from olmx_plugins.layers.moe.config import MoEConfig, expert_hidden, moe_blocks
+from olmx_plugins.layers.moe.config import MoEConfig, MoEDecisions, expert_hidden, moe_blocks
 
 
 def triton_interpreted() -> bool:
@@ -153,13 +153,14 @@ class MoELayer(LayerPlugin):
     description = __doc__.splitlines()[0]
     api = ">=2.0,<3"
     Config = MoEConfig
+    Decisions = MoEDecisions
     #: Replaces the feed-forward of whole blocks: before plugins that extend blocks.
     order = 10
     experts = True
 
     def backend(self, plan: Any) -> str:
         """The backend the plan chose (``portable`` or ``olmo_core``)."""
-        return self.decided(plan)["backend"]
+        return str(self.decided(plan).backend)
 
     def resolve(self, cfg: MoEConfig, ctx: Context) -> Contribution:
         """Check the settings and the expert-parallel degree; count total and active parameters
@@ -209,7 +210,7 @@ class MoELayer(LayerPlugin):
             # expert parallelism over replicated (DDP) parameters: each rank holds its experts
             sharded_params=len(blocks) * 3 * cfg.num_experts * d * h if mesh.ep > 1 and not mesh.shards_params else 0,
             sharded_over=mesh.ep,
-            decisions={"backend": backend},
+            decisions=MoEDecisions(backend=backend),
         )
 
     def linear_layers(self, cfg: MoEConfig, ctx: Context, layers: list[LinearLayer]) -> list[LinearLayer]:

@@ -62,7 +62,7 @@ def test_the_plans_mxfp8_layer_list_is_what_the_worker_converts_in_models_with_l
         if isinstance(m, nn.Linear)
     ]
     assert sorted((x.name, x.in_features, x.out_features, x.subclass) for x in planned) == sorted(built)
-    convert = plan.decisions["precision"]["convert"]
+    convert = plan.decisions["precision"].convert
     assert dict(plan.sections["precision"])["MXFP8 linear layers"].startswith(f"{len(convert)}: ")
     assert not [name for name in convert if "engram" in name or name.startswith("lm_head")]  # marked keep
     # the worker converts exactly the plan's list in the built model
@@ -189,7 +189,7 @@ def test_fp8_converts_exactly_the_layers_the_plan_lists(layers):
         reg,
     )
     plan = resolve(run, reg)
-    planned = plan.decisions["precision"]["convert"]
+    planned = plan.decisions["precision"].convert
     model = build_model(plan, reg)
     assert sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear)) == planned
     assert "lm_head.w_out" not in planned and not [n for n in planned if "engram" in n or "shared_expert" in n]

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from olmx.cli import app
 from olmx.rundir import RunDir
+from olmx_plugins.layers.engram.config import EngramDecisions
 from tests.conftest import olmx_cli
 
 TINY = [
@@ -161,7 +162,7 @@ def test_auto_sharding_shards_large_tables_of_several_ranks_and_the_plan_accepts
         assert run.layers["engram"].sharding == "auto"
         plan = resolve(run, reg)
         expected = "1d" if procs > 1 and large else "replicated"
-        assert plan.decisions["layers.engram"] == {"sharding": expected}
+        assert plan.decisions["layers.engram"] == EngramDecisions(sharding=expected)
         row = dict(plan.sections["layers.engram"])["sharding"]
         assert row.startswith(f"{expected} (auto: ")
         assert ENGRAM.engram_config(run.layers["engram"], plan).sharding == expected

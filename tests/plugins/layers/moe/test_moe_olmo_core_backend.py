@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from olmx.api import Mesh, World
 from olmx.cli import app
 from olmx.errors import ConfigError
+from olmx_plugins.layers.moe.config import MoEDecisions
 from olmx_plugins.layers.moe.convert import convert_model_state_dict
 from olmx_plugins.layers.moe.plugin import MOE, MoEConfig, choose_backend
 
@@ -119,7 +120,7 @@ def test_backend_choice():
 def _plan(world: World, mesh: Mesh, backend: str, **moe) -> SimpleNamespace:
     """What the moe plugin's build hooks read of a plan: the run, world, mesh and its decision."""
     run = SimpleNamespace(model=SimpleNamespace(hidden_size=32, init_std=0.02), trainer=SimpleNamespace(seed=0))
-    return SimpleNamespace(world=world, mesh=mesh, run=run, decisions={"layers.moe": {"backend": backend}})
+    return SimpleNamespace(world=world, mesh=mesh, run=run, decisions={"layers.moe": MoEDecisions(backend=backend)})
 
 
 def test_olmo_core_backend_builds_the_v1_model_and_olmo_core_ep():
