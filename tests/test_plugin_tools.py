@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import olmx
 from olmx.config.search_path import conf_search_paths, with_conf_search_paths
 from olmx.errors import ConfigError
 from olmx.plugin_tools.check import check_plugin
@@ -145,7 +146,7 @@ def test_skeleton_is_a_complete_package(skeletons, kind):
         GROUPS[kind]: {f"my_{kind}": f"{module}.plugin:MY_{kind.upper()}"},
         "olmx.conf": {f"my_{kind}": f"{module}.conf"},
     }
-    assert 'api = ">=2.0,<3"' in (path / module / "plugin.py").read_text()
+    assert f'api = ">={olmx.PLUGIN_API},<3"' in (path / module / "plugin.py").read_text()
 
 
 def test_skeletons_pass_their_own_tests_once_installed(skeletons):
@@ -332,7 +333,7 @@ DEFECTS = {
     ),
     "incompatible plugin API": (
         dict(module=LAYER.replace('api = ">=2.0,<3"', 'api = ">=3.0"')),
-        "olmx.layers:thing: plugin supports olmx plugin API '>=3.0', this olmx has 2.0",
+        f"olmx.layers:thing: plugin supports olmx plugin API '>=3.0', this olmx has {olmx.PLUGIN_API}",
     ),
     "clash with a first-party plugin": (
         dict(
@@ -429,7 +430,9 @@ def test_check_reads_a_wheel_without_installing_it(tmp_path):
     assert check_plugin(str(build_wheel(tmp_path))) == []
     assert "thing_mod" not in sys.modules
     broken = build_wheel(tmp_path, module=LAYER.replace('api = ">=2.0,<3"', 'api = "<1.0"'))
-    assert check_plugin(str(broken)) == ["olmx.layers:thing: plugin supports olmx plugin API '<1.0', this olmx has 2.0"]
+    assert check_plugin(str(broken)) == [
+        f"olmx.layers:thing: plugin supports olmx plugin API '<1.0', this olmx has {olmx.PLUGIN_API}"
+    ]
 
 
 def test_check_reads_an_installed_distribution_by_name(plugin_site):
