@@ -400,8 +400,9 @@ SiLU, casts) there, and from inductor fusing what eager keeps as separate tensor
 down here). The memory model counts what eager mode saves (its constants were fitted on eager
 runs), so for these rows compiled (compiling is the GPU default) its estimate is that much above
 the peak: on the safe side for the fit checks, pessimistic for `auto`'s choices. These rows have
-no QK-norm, which OLMo 3's blocks have and which the model undercounts in bf16 without autocast
-(tests/test_layouts_at_scale.py); that case is not measured compiled. Not measured on a GPU yet.
+no QK-norm, which OLMo 3's blocks have (its float32 copies in bf16 without autocast are counted
+since tests/test_layouts_at_scale.py measured them); that case is not measured compiled. Not
+measured on a GPU yet.
 """
 
 

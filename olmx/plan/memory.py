@@ -21,7 +21,10 @@ default heap a CPU process keeps freed activation blocks and shows up to 2x more
   gradients are alive too (:data:`TRANSIENT_H`). Under ``torch.autocast`` (bf16 over
   replicated float32 parameters) the residual stream and the norms stay float32 and the
   linears read bf16 casts of their inputs: ``14 d`` bytes more per block than pure bf16
-  (:data:`AUTOCAST_D`). ``activation_checkpointing=full`` keeps each block's input and one
+  (:data:`AUTOCAST_D`). With low-precision weights and no autocast (FSDP's bf16 parameters)
+  each RMSNorm still normalizes in float32 and keeps its input and output in float32,
+  ``4`` bytes an element of every norm more (:data:`NORM_FLOAT32`: the two block norms, and
+  q's and k's with QK-norm). ``activation_checkpointing=full`` keeps each block's input and one
   block recomputed at a time; ``long_context`` keeps what the attention part does, except the
   norm's inner tensor, which it exchanges for the feed-forward norm's input, and recomputes
   the feed-forward one block at a time. The output layer adds the logits and their gradient in
@@ -44,7 +47,9 @@ replicated and sharded tables). The terms were chosen on 12 of them (measured / 
 0.92-1.02; two of those 12 were held out first and missed, 0.87 with ``long_context`` and 0.71
 with FSDP over Ulysses, which led to the ``long_context`` recount and the ``dp_shard x cp``
 sharding) and predict the 9 others at 0.91-1.12 (the worst: MoE under full checkpointing,
-whose recomputed block is an MoE block, 1.12). Not measured on a GPU yet: the script measures
+whose recomputed block is an MoE block, 1.12). The norms' float32 copies were found later, by
+``tests/test_layouts_at_scale.py`` (OLMo 3 with QK-norm in bf16 under FSDP at 64 ranks measured
+1.26-1.29x the estimate without them, 1.02-1.06x with them). Not measured on a GPU yet: the script measures
 ``torch.cuda.max_memory_allocated`` where CUDA is present (``MEMORY_MODEL=1
 benchmarks/gpu/smoke.sh``). Device capacity comes from the infra plugin's
 :class:`~olmx.api.World` (``device_memory_gib``).
@@ -71,6 +76,11 @@ TRANSIENT_H = 2
 #: Bytes per d per block part that autocast adds: the residual stream and the norms stay
 #: float32, the linears read bf16 casts of their inputs (saved-tensor count: 14 d per block).
 AUTOCAST_D = 7
+#: Bytes per element of a norm's input that OLMo-core's RMSNorm keeps beyond the two tensors of
+#: the compute dtype counted, when the weights are in a lower precision without autocast (FSDP's
+#: bf16 parameters): it normalizes in float32 and saves its input and output in float32 for
+#: backward (saved-tensor count on its RMSNorm: 8 bytes an element in bfloat16, as in float32).
+NORM_FLOAT32 = 4
 #: The optimizer step's temporaries, in copies of the parameter shard (foreach AdamW).
 OPTIMIZER_TEMPORARIES = 1
 
@@ -130,6 +140,9 @@ def block_activations(run: RunConfig, b: int, autocast: bool) -> tuple[int, int,
     if autocast:  # the residual stream and the norms stay float32; the linears read bf16 casts
         attn += AUTOCAST_D * d
         ff += AUTOCAST_D * d
+    elif b < 4:  # low-precision weights: each RMSNorm keeps a float32 copy of its input too
+        attn += NORM_FLOAT32 * (d + ((d + kv) if m.qk_norm else 0))
+        ff += NORM_FLOAT32 * d
     return attn, ff, TRANSIENT_H * h * b
 
 
