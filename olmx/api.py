@@ -337,6 +337,10 @@ class Contribution:
     #: state. The plan's memory estimate reads it.
     sharded_params: int = 0
     sharded_over: int = 1
+    #: Parameters the plugin's modules gather for compute at a time beyond what DDP/FSDP gather
+    #: (experts stored in shards and all-gathered a layer at a time, the next one prefetched), in
+    #: the compute dtype. The plan's memory estimate holds them as buffers.
+    gathered_params: int = 0
     #: Bytes per token of a micro-batch on each rank (after sequence sharding) that this
     #: plugin's modules keep for backward beyond OLMo-core's llama-like blocks (negative where
     #: they keep less), summed over the blocks they change, under the run's

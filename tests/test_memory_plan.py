@@ -198,8 +198,11 @@ def test_expert_parameters_count_once_per_ep_rank(tmp_path) -> None:
     experts = 4 * 3 * 4 * 512 * 1024  # 4 blocks x 3 matrices x 4 experts x d x h
     e_ddp, e_ep = _estimate(ddp), _estimate(ep)
     assert e_ddp.params == 4 * ddp.params.total
-    assert e_ep.params == 4 * (ep.params.total - experts) + 4 * experts // 2  # ep degree 2: 2 experts a rank
+    # ep degree 2 over 4 GPUs: 2 experts a rank to compute with, 1 at rest (FSDP2 over 2 replicas)
+    assert e_ep.params == 4 * (ep.params.total - experts) + 4 * experts // 4
     assert e_ep.optimizer == 2 * e_ep.params and e_ep.activations == e_ddp.activations
+    assert e_ep.plugin_gathered == 2 * 3 * 2 * 512 * 1024  # a layer's 2 experts, the next prefetched
+    assert e_ep.buffers == max(4 * e_ep.plugin_gathered, e_ep.params - e_ep.activations)  # fp32
 
 
 def test_moe_activations_follow_top_k_and_checkpointing(tmp_path) -> None:

@@ -33,7 +33,8 @@ default heap a CPU process keeps freed activation blocks and shows up to 2x more
   (:attr:`~olmx.api.Contribution.activation_bytes_per_token`: Ulysses' output in sequence
   layout and replicated kv heads, the MoE's routed copies and router, Engram's rows).
 * **buffers**: the larger of what is alive with the activations (FSDP2's gathered parameters
-  in the compute dtype, a block and the prefetched next one; autocast's bf16 weight copies, 2
+  in the compute dtype, a block and the prefetched next one, and what plugins gather
+  themselves, :attr:`~olmx.api.Contribution.gathered_params`; autocast's bf16 weight copies, 2
   bytes a parameter, kept for backward) and the optimizer step's temporaries (one more copy of
   the parameter shard) less the activations, which are freed by then. DDP's buckets are the
   gradients themselves (a 2-process DDP run measured the same as one process), and a layer's
@@ -122,6 +123,14 @@ class MemoryEstimate:
     #: What the plugins' modules keep per token (summed
     #: :attr:`olmx.api.Contribution.activation_bytes_per_token`), to estimate a changed run with.
     plugin_activations: int = 0
+    #: Parameters the plugins gather for compute (summed
+    #: :attr:`olmx.api.Contribution.gathered_params`), to estimate a changed run with.
+    plugin_gathered: int = 0
+
+    @property
+    def plugin_terms(self) -> tuple[int, int]:
+        """``(plugin_activations, plugin_gathered)``, as :func:`estimate` takes them."""
+        return self.plugin_activations, self.plugin_gathered
 
     @property
     def peak(self) -> int:
@@ -155,12 +164,14 @@ def estimate(
     device: str = "cuda",
     sharded: tuple[tuple[int, int], ...] = (),
     plugin_activations: int = 0,
+    plugin_gathered: int = 0,
 ) -> MemoryEstimate:
     """The estimate for one process of the run (see the module docstring: the same terms on
     every ``device``, whose capacity :func:`check` compares it with); ``sharded`` lists
     ``(parameters, ranks)`` that plugins spread over ranks themselves
     (:attr:`olmx.api.Contribution.sharded_params`), ``plugin_activations`` the bytes per token
-    their modules keep (:attr:`olmx.api.Contribution.activation_bytes_per_token`, summed)."""
+    their modules keep (:attr:`olmx.api.Contribution.activation_bytes_per_token`, summed) and
+    ``plugin_gathered`` the parameters they gather for compute (:attr:`~olmx.api.Contribution.gathered_params`)."""
     m, t = run.model, run.trainer
     b = _DTYPE_BYTES.get(param_dtype, 4)
     autocast = b < 4 and not mesh.shards_params  # replicated parameters: torch.autocast
@@ -194,11 +205,11 @@ def estimate(
     per_block = 4 * (total_params - 2 * vocab * d) // max(1, m.n_layers)
     # FSDP2 gathers a block and prefetches the next, in the compute dtype; DDP's buckets are the
     # gradients (a 2-process DDP run measured the same as one process)
-    comm = 2 * per_block * b // 4 if mesh.shards_params else 0
+    comm = (2 * per_block * b // 4 if mesh.shards_params else 0) + plugin_gathered * b
     copies = 2 * total_params if autocast else 0  # autocast's bf16 weight copies, kept for backward
     step = OPTIMIZER_TEMPORARIES * params  # the optimizer step's temporaries, after backward
     buffers = max(comm + copies, step - acts)
-    return MemoryEstimate(params, grads, optimizer, acts, no_ac, buffers, plugin_activations)
+    return MemoryEstimate(params, grads, optimizer, acts, no_ac, buffers, plugin_activations, plugin_gathered)
 
 
 def gib(n: int | float) -> str:
@@ -273,9 +284,7 @@ def check(
         (
             f"{change} (estimated {gib(e.peak)})"
             for change, r, m in tries
-            if (
-                e := estimate(r, m, total_params, vocab, param_dtype, world.device, sharded, est.plugin_activations)
-            ).peak
+            if (e := estimate(r, m, total_params, vocab, param_dtype, world.device, sharded, *est.plugin_terms)).peak
             <= cap * GIB
         ),
         "more processes to shard over, a smaller model or a shorter data.seq_len",

@@ -193,7 +193,10 @@ def estimate_run(run: RunConfig, world: World, reg: Registry) -> Estimated:
     params = ParamCounts(total=base.total + extra, embedding=base.embedding, active=base.active + extra_active)
     sharded = tuple((c.sharded_params, c.sharded_over) for c in contributions.values() if c.sharded_params)
     plugin_acts = sum(c.activation_bytes_per_token for c in contributions.values())
-    est = memory.estimate(run, mesh, params.total, vocab, ctx.dtypes.param, world.device, sharded, plugin_acts)
+    gathered = sum(c.gathered_params for c in contributions.values())
+    est = memory.estimate(
+        run, mesh, params.total, vocab, ctx.dtypes.param, world.device, sharded, plugin_acts, gathered
+    )
     return Estimated(ctx, contributions, batch, params, est, sharded)
 
 
