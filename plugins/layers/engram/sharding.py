@@ -385,7 +385,12 @@ class EngramTable(nn.Module):
         return w.to_local() if isinstance(w, DTensor) else w
 
     def reset_parameters(self) -> None:
-        """Initialise this rank's rows (called by OLMo-core after ``to_empty``)."""
+        """Initialise this rank's rows (called by OLMo-core after ``to_empty``), and place the
+        heads' row offsets on the rows' device, so that a compiled forward finds them there
+        (filled lazily inside the graph, they change its guards: one more compile per block)."""
+        device = self.local_weight().device
+        if device.type != "meta":
+            self._device_offsets = {device: self._offsets.to(device)}
         init_table_rows_(
             self.local_weight().data,
             row_start=self.local_row_range[0],
