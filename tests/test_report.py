@@ -120,7 +120,7 @@ def test_compare_overlays_runs_and_mfu_uses_the_device_peak(runs, tmp_path):
     shutil.copytree(finished, gpu)
     plan = yaml.safe_load((gpu / "plan.yaml").read_text())
     plan["world"]["device_name"] = "NVIDIA H100 80GB HBM3"
-    plan["config"]["precision"] = {"bf16": {}}
+    plan["config"]["precision"] = {"name": "bf16"}
     plan["dtypes"] = {"param": "bfloat16", "reduce": "float32"}
     (gpu / "plan.yaml").write_text(yaml.safe_dump(plan))
     run = load_run(gpu)
