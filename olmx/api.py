@@ -219,6 +219,11 @@ class Layout:
     #: Whether parameters, gradients and optimizer state are sharded (FSDP-like): a shard group
     #: of size 1 still counts, it is FSDP on one rank.
     shards_params: bool = False
+    #: With :attr:`shards_params`: whether each block's parameters are freed after its forward
+    #: and gathered again for its backward (FSDP, ZeRO-3). ``False`` gathers them once a step and
+    #: keeps them from the forward to the backward (ZeRO-2: a distributed optimizer over what
+    #: is otherwise a replicated layout; gradients and optimizer state stay sharded).
+    reshard_after_forward: bool = True
     #: Expert-parallel degree: experts of a layer with :attr:`LayerPlugin.experts` are split
     #: over this many of the data-parallel ranks (1: no expert parallelism).
     ep: int = 1
@@ -248,6 +253,9 @@ class Mesh:
     tp: int = 1
     #: Parameters, gradients and optimizer state are sharded (FSDP2-like data parallelism).
     shards_params: bool = False
+    #: With :attr:`shards_params`: parameters freed after each block's forward (ZeRO-3), or
+    #: kept gathered until its backward (ZeRO-2; :attr:`Layout.reshard_after_forward`).
+    reshard_after_forward: bool = True
     #: Show both data-parallel dimensions in the plan.
     hybrid: bool = False
     #: The config field that sets ``ep``, for messages (:attr:`Layout.ep_field`).

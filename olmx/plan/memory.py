@@ -33,8 +33,10 @@ default heap a CPU process keeps freed activation blocks and shows up to 2x more
   (:attr:`~olmx.api.Contribution.activation_bytes_per_token`: Ulysses' output in sequence
   layout and replicated kv heads, the MoE's routed copies and router, Engram's rows).
 * **buffers**: the larger of what is alive with the activations (FSDP2's gathered parameters
-  in the compute dtype, a block and the prefetched next one, and what plugins gather
-  themselves, :attr:`~olmx.api.Contribution.gathered_params`; autocast's bf16 weight copies, 2
+  in the compute dtype, a block and the prefetched next one, or the whole model where they stay
+  gathered from the forward to the backward, ZeRO-2's :attr:`~olmx.api.Mesh.reshard_after_forward`
+  off; what plugins gather themselves, :attr:`~olmx.api.Contribution.gathered_params`;
+  autocast's bf16 weight copies, 2
   bytes a parameter, kept for backward) and the optimizer step's temporaries (one more copy of
   the parameter shard) less the activations, which are freed by then. DDP's buckets are the
   gradients themselves (a 2-process DDP run measured the same as one process), and a layer's
@@ -205,7 +207,12 @@ def estimate(
     per_block = 4 * (total_params - 2 * vocab * d) // max(1, m.n_layers)
     # FSDP2 gathers a block and prefetches the next, in the compute dtype; DDP's buckets are the
     # gradients (a 2-process DDP run measured the same as one process)
-    comm = (2 * per_block * b // 4 if mesh.shards_params else 0) + plugin_gathered * b
+    # (ZeRO-2, parameters kept gathered from the forward to the backward: the whole model)
+    if mesh.shards_params:
+        comm = 2 * per_block * b // 4 if mesh.reshard_after_forward else total_params * b
+    else:
+        comm = 0
+    comm += plugin_gathered * b
     copies = 2 * total_params if autocast else 0  # autocast's bf16 weight copies, kept for backward
     step = OPTIMIZER_TEMPORARIES * params  # the optimizer step's temporaries, after backward
     buffers = max(comm + copies, step - acts)

@@ -142,6 +142,7 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
         tp=tp,
         ep=lay.ep,
         shards_params=lay.shards_params,
+        reshard_after_forward=lay.reshard_after_forward or not lay.shards_params,
         hybrid=lay.hybrid,
         ep_field=lay.ep_field or plugin.section,
     )
