@@ -126,7 +126,7 @@ def test_training_with_the_distributed_optimizer_equals_one_process(tmp_path):
     """2 processes with the distributed optimizer against the same run in one process: the same
     6 losses (within 1e-5; the reductions sum in another order) and the same final parameters and
     optimizer moments, read back from the checkpoints as whole tensors (within 1e-4, as the
-    tensor-parallel test: 3.3e-5 measured)."""
+    tensor-parallel test: 3.3e-5 measured); and its sharded checkpoint resumes on one process."""
     from tests.test_faults import checkpoint_state
 
     env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
@@ -143,3 +143,19 @@ def test_training_with_the_distributed_optimizer_equals_one_process(tmp_path):
     assert len(tensors) >= 60 and set(tensors) <= set(state)
     worst = max((state[k] - ref[k]).abs().max().item() for k in tensors)
     assert worst < 1e-4, worst
+
+    # the sharded checkpoint of step 3 on 2 processes, resumed on one: the same losses after it
+    stop = olmx_cli(
+        "train",
+        *SMALL,
+        *ZERO2,
+        "trainer.save_interval=3",
+        "trainer.stop_at_step=3",
+        f"trainer.run_dir={tmp_path / 'resumed'}",
+        env=env,
+    )
+    assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-3000:]
+    one = ["parallel=[]", "infra.nproc_per_node=1", "trainer.save_interval=3"]
+    done = olmx_cli("train", *SMALL, *one, f"trainer.run_dir={tmp_path / 'resumed'}", env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert _losses(tmp_path / "resumed") == pytest.approx(reference, rel=1e-5, abs=1e-6)
