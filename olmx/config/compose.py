@@ -52,6 +52,18 @@ def _open_named_sections(defaults: dict[str, Any]) -> Any:
     return node
 
 
+def _open_maps(defaults: dict[str, Any], keys: list[str]) -> Any:
+    """``defaults`` as a DictConfig whose mapping fields (``keys``: a plugin's ``dict`` settings,
+    such as ``infra.env``) take new keys without Hydra's ``+``: ``infra.env={A: b}`` and
+    ``infra.env.A=b`` set them as any other field is set."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create(defaults)
+    for key in keys:
+        OmegaConf.set_struct(OmegaConf.select(node, key), False)
+    return node
+
+
 def register_plugin_options(reg: Registry) -> None:
     """Store one config option per loadable plugin in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
@@ -64,7 +76,11 @@ def register_plugin_options(reg: Registry) -> None:
         group = CONFIG_GROUPS[kind]
         defaults = _defaults_of(plugin.Config)
         node = {"name": name, **defaults} if kind in SINGLE_KINDS else {name: defaults}
-        cs.store(group=group, name=name, node=node, provider=f"olmx plugin {name}")
+        maps = [f.name for f in dataclasses.fields(plugin.Config) if isinstance(defaults.get(f.name), dict)]
+        prefix = "" if kind in SINGLE_KINDS else f"{name}."
+        cs.store(
+            group=group, name=name, node=_open_maps(node, [prefix + m for m in maps]), provider=f"olmx plugin {name}"
+        )
     # ``parallel=auto``: the plan chooses the strategies (olmx.plan.auto); a plugin cannot take the name.
     cs.store(group=CONFIG_GROUPS["parallel"], name=AUTO, node={AUTO: {}}, provider="olmx")
 

@@ -49,6 +49,13 @@ def test_empty_parallel_list_and_infra_settings():
     assert run.parallel == {} and run.infra["local"].nproc_per_node == 1
 
 
+def test_a_plugins_mapping_setting_takes_new_keys_as_any_field():
+    """``infra.env`` (a ``dict`` setting) is set whole or by key, without Hydra's ``+``."""
+    assert typed("infra=runpod", "infra.env={A: b, N: 3}").infra["runpod"].env == {"A": "b", "N": "3"}
+    assert typed("infra=runpod", "infra.env.A=b").infra["runpod"].env == {"A": "b"}
+    assert typed("trackers=[mlflow]", "trackers.mlflow.tags.team=nlp").trackers["mlflow"].tags == {"team": "nlp"}
+
+
 def test_experiment_is_a_complete_recipe():
     run = typed("experiment=quickstart")
     assert run.trainer.max_steps == 100 and list(run.parallel) == ["ddp"]

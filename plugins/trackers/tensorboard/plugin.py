@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from olmx.api import Context, Contribution, TrackerPlugin, require_package, setting
-from olmx_plugins.trackers.common import check_dir, tracker_dir
+from olmx_plugins.trackers.common import check_dir, plan_markdown, tracker_dir
 
 
 @dataclass
@@ -82,16 +82,9 @@ def log_dir(run_dir: str, value: str) -> Path:
 
 def texts(plan: Any) -> dict[str, str]:
     """``olmx/config`` and ``olmx/plan`` as TensorBoard text (Markdown): the resolved config as
-    YAML, the plan as the table ``olmx train`` prints."""
-
-    def row(label: str, value: Any) -> str:
-        return f"| {label} | {str(value).replace('|', '/')} |"
-
-    lines = ["| | |", "|---|---|", *(row(k, v) for k, v in plan.summary_rows())]
-    for section, rows in plan.sections.items():
-        lines += [row(f"**{section}**", ""), *(row(f"&nbsp;&nbsp;{k}", v) for k, v in rows)]
+    YAML (a code block), the plan as the table ``olmx train`` prints."""
     config = "\n".join(f"    {line}" for line in plan.config_yaml().splitlines())
-    return {"olmx/config": config, "olmx/plan": "\n".join(lines)}
+    return {"olmx/config": config, "olmx/plan": plan_markdown(plan)}
 
 
 #: The plugin object the entry point names.

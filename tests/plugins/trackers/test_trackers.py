@@ -7,7 +7,11 @@ trackers' own file formats.
   only; a broken one is a row in ``olmx plugins list``;
 * wandb offline: its offline run holds the metrics and the config, no key is needed, and no
   connection is made (a local listener stands in for the W&B server and every proxy);
-  online without a key is refused by the plan (exit 2).
+  online without a key is refused by the plan (exit 2);
+* mlflow: the run in RUN_DIR/mlruns, read back with MLflow's own client, holds every step's
+  loss, the config as parameters and the config and plan as files; a resume continues the same
+  MLflow run; no connection is made; a tracking URI with credentials or of another kind is
+  refused by the plan.
 """
 
 from __future__ import annotations
@@ -98,11 +102,57 @@ def loss_by_step(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["loss"] is not None}  # not eval records
 
 
-def test_tensorboard_and_a_third_party_tracker_record_the_training_loss(tmp_path, cache, plugin_site):
+@pytest.fixture
+def network_trap(monkeypatch):
+    """A local listener that every HTTP(S) proxy variable points at: the requests it received."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    requests: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            requests.append(conn.recv(200))
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "WANDB_BASE_URL"):
+        monkeypatch.setenv(name, url)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "")
+    yield requests
+    server.close()
+
+
+def mlflow_history(run_dir: Path, metric: str) -> tuple[list, dict[int, list[float]]]:
+    """The MLflow runs in ``RUN_DIR/mlruns`` (MLflow's client) and one metric's points by step,
+    in the order logged."""
+    import os
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    points: dict[int, list[float]] = {}
+    for m in sorted(client.get_metric_history(runs[0].info.run_id, metric), key=lambda m: m.timestamp):
+        points.setdefault(m.step, []).append(m.value)
+    return runs, points
+
+
+def test_tensorboard_mlflow_and_a_third_party_tracker_record_the_training_loss(
+    tmp_path, cache, plugin_site, network_trap
+):
     entry_points = "[olmx.trackers]\njsonl = jsonl_tracker:JSONL\n"
     make_dist(plugin_site, "olmx-jsonl", entry_points, {"jsonl_tracker": JSONL_TRACKER})
     run_dir = tmp_path / "run"
-    steps = ["trainer.max_steps=4", "trainer.save_interval=2", "trackers=[tensorboard,jsonl]"]
+    steps = ["trainer.max_steps=4", "trainer.save_interval=2", "trackers=[tensorboard,jsonl,mlflow]"]
+    steps += ["trackers.mlflow.tags={team: nlp}"]
     train(run_dir, cache, *steps)
     tb = run_dir / "tensorboard"
     want = loss_by_step(run_dir)
@@ -128,6 +178,17 @@ def test_tensorboard_and_a_third_party_tracker_record_the_training_loss(tmp_path
     assert {r["step"]: r["train/CE loss"] for r in records if "train/CE loss" in r} == want
     assert all("optim/LR (group 0)" in r for r in records if "train/CE loss" in r)
 
+    # MLflow: one run in RUN_DIR/mlruns, read back with MLflow's own client.
+    [run], points = mlflow_history(run_dir, "train/CE loss")
+    assert {s: v for s, (v,) in points.items()} == pytest.approx(want, rel=1e-6)
+    assert (run.info.run_name, run.info.status, run.data.tags["team"]) == ("run", "FINISHED", "nlp")
+    assert run.data.params["trainer.max_steps"] == "4" and run.data.params["trackers.mlflow.experiment"] == "olmx"
+    assert "optim/LR _group 0_" in run.data.metrics  # MLflow refuses parentheses in names
+    assert run.data.metrics["eval/lm/heldout/CE loss"] == pytest.approx(held[4], rel=1e-6)
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert "max_steps: 4" in (artifacts / "olmx" / "config.yaml").read_text()
+    assert "| world | 2 processes" in (artifacts / "olmx" / "plan.md").read_text()
+
     # A resume after the last checkpoint was lost: steps 3-4 are trained again from step 2.
     # TensorBoard shows each step once, the second attempt's values (metrics.jsonl's).
     shutil.rmtree(run_dir / "checkpoints" / "step4")
@@ -139,6 +200,12 @@ def test_tensorboard_and_a_third_party_tracker_record_the_training_loss(tmp_path
     assert len(list(tb.glob("events.out.tfevents.*"))) == 2  # a new file; the first one is kept
     assert scalars(tb, "train/CE loss") == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(again.items())]
     assert [s for s, _ in texts(tb, "olmx/plan")] == [0, 2]  # each attempt's plan, at its start
+    # MLflow: the same run, continued; steps 3-4 logged by both attempts, the resumed one last
+    [resumed], points = mlflow_history(run_dir, "train/CE loss")
+    assert (resumed.info.run_id, resumed.info.status) == (run.info.run_id, "FINISHED")
+    assert [len(points[s]) for s in (1, 2, 3, 4)] == [1, 1, 2, 2]
+    assert {s: v[-1] for s, v in points.items()} == pytest.approx(again, rel=1e-6)
+    assert network_trap == []  # nothing was sent anywhere
 
 
 def test_a_broken_tracker_is_a_row_not_a_crash(plugin_site):
@@ -172,9 +239,9 @@ def test_tensorboard_folders_relative_to_the_run_or_one_per_run_in_a_shared_one(
 
 
 def test_planning_with_trackers_imports_none_of_their_libraries():
-    mods = modules_after("train", "--dry-run", "trackers=[tensorboard,wandb]")
-    assert "olmx_plugins.trackers.wandb.plugin" in mods  # it did plan with them
-    assert not {"torch", "olmo_core", "tensorboard", "wandb"} & mods
+    mods = modules_after("train", "--dry-run", "trackers=[tensorboard,wandb,mlflow]")
+    assert "olmx_plugins.trackers.mlflow.plugin" in mods  # it did plan with them
+    assert not {"torch", "olmo_core", "tensorboard", "wandb", "mlflow"} & mods
 
 
 def test_wandb_online_without_a_key_is_refused_by_the_plan(tmp_path, monkeypatch):
@@ -218,36 +285,13 @@ def wandb_records(path: Path) -> list:
     return out
 
 
-def test_wandb_offline_records_the_run_and_touches_no_network(tmp_path, cache, monkeypatch):
-    # Any HTTP(S) request wandb makes goes to this listener: it is the W&B server and every proxy.
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    requests: list[bytes] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            requests.append(conn.recv(200))
-            conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+def test_wandb_offline_records_the_run_and_touches_no_network(tmp_path, cache, monkeypatch, network_trap):
+    # Any HTTP(S) request wandb makes goes to the trap: it is the W&B server and every proxy.
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no key needed
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "WANDB_BASE_URL"):
-        monkeypatch.setenv(name, url)
-    for name in ("NO_PROXY", "no_proxy"):
-        monkeypatch.setenv(name, "")
     monkeypatch.setenv("WANDB_MODE", "online")  # the config says offline, and the config wins
     run_dir = tmp_path / "run"
-    try:
-        train(run_dir, cache, "trainer.max_steps=3", "trackers=[wandb]", "trackers.wandb.project=p1")
-    finally:
-        server.close()
-    assert requests == []
+    train(run_dir, cache, "trainer.max_steps=3", "trackers=[wandb]", "trackers.wandb.project=p1")
+    assert network_trap == []
     [run_file] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     records = wandb_records(run_file)
     [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
@@ -262,3 +306,28 @@ def test_wandb_offline_records_the_run_and_touches_no_network(tmp_path, cache, m
     logged = {h["_step"]: h["train/CE loss"] for h in history if "train/CE loss" in h}
     assert logged == loss_by_step(run_dir)
     assert any(r.WhichOneof("record_type") == "exit" for r in records)  # finished
+
+
+@pytest.mark.parametrize(
+    ("uri", "text"),
+    [
+        ("https://alice:s3cret-pw@mlflow.example.com", "holds credentials"),
+        ("sqlite:///m.db", "'sqlite:' is not a store olmx writes to"),
+        ("https://", "names no host"),
+    ],
+)
+def test_mlflow_tracking_uris_that_cannot_work_are_refused_by_the_plan(tmp_path, uri, text):
+    where = [f"trackers.mlflow.tracking_uri={uri}", f"trainer.run_dir={tmp_path / 'r'}"]
+    proc = olmx_cli("train", "trackers=[mlflow]", *where)
+    assert proc.returncode == 2 and "trackers.mlflow.tracking_uri: " in proc.stderr, proc.stderr
+    assert text in proc.stderr and "Traceback" not in proc.stderr and "s3cret-pw" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "r").exists()  # nothing written
+
+
+def test_mlflow_stores_are_absolute_file_uris_or_the_server():
+    from olmx_plugins.trackers.mlflow.plugin import store_uri
+
+    assert store_uri("/runs/a", None) == "file:///runs/a/mlruns"
+    assert store_uri("/runs/a", "file:/shared/mlruns") == "file:///shared/mlruns"
+    assert store_uri("/runs/a", "elsewhere") == "file:///runs/a/elsewhere"
+    assert store_uri("/runs/a", "https://mlflow.example.com") == "https://mlflow.example.com"

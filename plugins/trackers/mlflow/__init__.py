@@ -1,0 +1,1 @@
+"""The mlflow tracker: plugin (torch-free) and its OLMo-core callback."""
