@@ -82,6 +82,7 @@ __all__ = [
     "DTYPES",
     "CLAIMABLE_DIMS",
     "PARALLEL_CAPABILITIES",
+    "ADD_ON_CAPABILITIES",
 ]
 
 
@@ -179,7 +180,11 @@ PARALLEL_CAPABILITIES: dict[str, str] = {
     "hybrid": "data parallel: parameters, gradients and optimizer state sharded within a node, replicated across",
     "shard": "data parallel: parameters, gradients and optimizer state sharded over all data-parallel ranks",
     "sequence": "sequence parallel: each sequence split over a group of ranks (claims cp)",
+    "tensor": "tensor parallel: each block's weight matrices sliced over a group of ranks (claims tp)",
 }
+#: The kinds of :data:`PARALLEL_CAPABILITIES` a strategy adds to a data-parallel one (the others
+#: are data-parallel kinds); ``parallel=auto`` adds at most one of them, sequence before tensor.
+ADD_ON_CAPABILITIES: tuple[str, ...] = ("sequence", "tensor")
 
 
 @dataclass(frozen=True)

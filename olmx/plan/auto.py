@@ -11,7 +11,8 @@ with its reason). Cheapest means least modelled compute, then least communicatio
 
 1. activation checkpointing none < long_context < full (recompute costs FLOPs,
    :mod:`olmx.plan.throughput`; everything below costs none in that model);
-2. the layout: the smallest sequence-parallel degree (none first), then the data-parallel kind
+2. the layout: no add-on first, then the smallest sequence-parallel degree, then the smallest
+   tensor-parallel degree (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then the data-parallel kind
    in the order of :data:`~olmx.api.PARALLEL_CAPABILITIES` (replicate < experts < hybrid <
    shard; experts only with a layer that has experts, hybrid only over several nodes), then
    each plugin's own options in its order;
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from olmx.api import PARALLEL_CAPABILITIES, World
+from olmx.api import ADD_ON_CAPABILITIES, PARALLEL_CAPABILITIES, World
 from olmx.config.schema import AUTO, RunConfig
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan.memory import GIB, gib, usable_gib
@@ -104,7 +105,7 @@ def parallel_options(run: RunConfig, world: World, reg: Any) -> list[ParallelOpt
         return [ParallelOption({}, ("parallel=[]",))]
     installed = _installed_parallel(reg)
     experts = any(plugin.experts for _, plugin, _ in reg.layers_in_order(run.layers))
-    kinds = [k for k in PARALLEL_CAPABILITIES if k != "sequence"]
+    kinds = [k for k in PARALLEL_CAPABILITIES if k not in ADD_ON_CAPABILITIES]
     kinds = [k for k in kinds if (k != "experts" or experts) and (k != "hybrid" or world.nnodes > 1)]
     data = [
         (rank, i, plugin, override, cfg)
@@ -113,21 +114,25 @@ def parallel_options(run: RunConfig, world: World, reg: Any) -> list[ParallelOpt
         if plugin.data_parallel and kind in plugin.provides
         for i, (override, cfg) in enumerate(plugin.options(None, run, world))
     ]
-    sequence: list[tuple[int, Any, str, Any]] = [(0, None, "", None)]
-    sequence += [
-        (i + 1, plugin, override, cfg)
+    # at most one add-on, in this order: none, each sequence-parallel option, each tensor-parallel one
+    add_ons: list[tuple[Any, str, Any]] = [(None, "", None)]
+    add_ons += [
+        (plugin, override, cfg)
+        for kind in ADD_ON_CAPABILITIES
         for plugin in installed
-        if not plugin.data_parallel and "sequence" in plugin.provides
-        for i, (override, cfg) in enumerate(plugin.options(None, run, world))
+        if not plugin.data_parallel and kind in plugin.provides
+        for override, cfg in plugin.options(None, run, world)
     ]
-    combos = sorted(((s, d) for s in sequence for d in data), key=lambda sd: (sd[0][0], sd[1][0], sd[1][1]))
+    combos = sorted(
+        ((a, s, d) for a, s in enumerate(add_ons) for d in data), key=lambda asd: (asd[0], asd[2][0], asd[2][1])
+    )
     out = []
-    for (_, seq_plugin, seq_override, seq_cfg), (_, _, dp_plugin, dp_override, dp_cfg) in combos:
+    for _, (add_plugin, add_override, add_cfg), (_, _, dp_plugin, dp_override, dp_cfg) in combos:
         parallel = {dp_plugin.name: dp_cfg}
-        if seq_plugin is not None:
-            parallel[seq_plugin.name] = seq_cfg
+        if add_plugin is not None:
+            parallel[add_plugin.name] = add_cfg
         names = f"parallel=[{','.join(parallel)}]"
-        out.append(ParallelOption(parallel, tuple(o for o in (names, dp_override, seq_override) if o)))
+        out.append(ParallelOption(parallel, tuple(o for o in (names, dp_override, add_override) if o)))
     return out
 
 
@@ -226,7 +231,11 @@ def _rows(
     if len(tried) > SHOWN:
         rows.append(("tried before", f"... and {len(tried) - SHOWN} more"))
     rows.append(
-        ("order", "least recompute, then the smallest sequence-parallel degree, least sharding, largest micro-batch")
+        (
+            "order",
+            "least recompute, then no add-on, the smallest sequence- then tensor-parallel degree, least sharding, "
+            "largest micro-batch",
+        )
     )
     return rows
 

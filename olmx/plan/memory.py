@@ -208,8 +208,8 @@ def estimate(
     # FSDP2 gathers a block and prefetches the next, in the compute dtype; DDP's buckets are the
     # gradients (a 2-process DDP run measured the same as one process)
     # (ZeRO-2, parameters kept gathered from the forward to the backward: the whole model)
-    if mesh.shards_params:
-        comm = 2 * per_block * b // 4 if mesh.reshard_after_forward else total_params * b
+    if mesh.shards_params:  # (each rank gathers its tensor-parallel slice)
+        comm = (2 * per_block * b // 4 if mesh.reshard_after_forward else total_params * b) // mesh.tp
     else:
         comm = 0
     comm += plugin_gathered * b

@@ -41,6 +41,18 @@ class TensorParallel(ParallelPlugin):
     description = __doc__.splitlines()[0]
     api = ">=2.0,<3"
     Config = TensorParallelConfig
+    provides = ("tensor",)
+
+    def options(self, cfg: TensorParallelConfig | None, run: Any, world: World) -> list[tuple[str, Any]]:
+        """Under ``parallel=auto``: each degree from 2 up to a node's processes that divides the
+        world, the heads, the kv heads, ``model.hidden_size`` and ``data.seq_len``, smallest first
+        (tensor parallelism's collectives run every layer: keep it within a node)."""
+        if cfg is not None:
+            return [("", cfg)]
+        m = run.model
+        sliced = (m.n_heads, m.n_kv_heads or m.n_heads, m.hidden_size, run.data.seq_len, world.size)
+        degrees = [p for p in range(2, world.nproc_per_node + 1) if all(n % p == 0 for n in sliced)]
+        return [(f"parallel.tp.degree={p}", TensorParallelConfig(degree=p)) for p in degrees]
 
     def claim(self, cfg: TensorParallelConfig, run: Any, world: World) -> dict[str, int]:
         """Check the degree against the model's sliced dimensions; claim ``tp``."""

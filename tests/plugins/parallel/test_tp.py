@@ -79,6 +79,30 @@ def test_what_cannot_work_is_refused_at_plan_time(overrides, field, text):
     assert err.field == field and text in str(err), str(err)
 
 
+def test_parallel_auto_slices_the_weights_where_nothing_without_tensor_parallelism_fits(monkeypatch):
+    """OLMo 3 7B at 16k tokens on 8 H100s, with no sequence-parallel plugin installed (Ulysses
+    comes before tensor parallelism): no data-parallel layout alone fits, and auto takes the
+    smallest tensor-parallel degree that does, beside the cheapest data-parallel strategy."""
+    from olmx.registry import reset
+
+    names = [n for kind in ("layers", "parallel", "precision", "infra", "trackers") for n in registry().names(kind)]
+    monkeypatch.setenv("OLMX_PLUGINS", ",".join(n for n in names if n != "ulysses"))
+    reset()
+    try:
+        h100 = ["infra=runpod", "infra.gpu_type=NVIDIA H100 80GB HBM3", "infra.gpus_per_node=8", "parallel=auto"]
+        seq = ["data.seq_len=16384", "trainer.global_batch_size=8", "trainer.micro_batch_size=1"]
+        plan = plan_for(*h100, "model=olmo3_7b", *seq)
+    finally:
+        monkeypatch.delenv("OLMX_PLUGINS")
+        reset()
+    auto = dict(plan.sections["auto"])
+    assert auto["chosen"] == "parallel=[ddp,tp] parallel.ddp.distributed_optimizer=true parallel.tp.degree=4", auto
+    assert plan.mesh.dims() == {"dp": 2, "tp": 4}
+    tried = [v for k, v in plan.sections["auto"] if k == "tried before"]
+    assert "parallel=[fsdp]: 136.79 GiB > 73.7 GiB" in tried  # sharding alone does not fit
+    assert "parallel=[fsdp,tp] parallel.tp.degree=2: 74.43 GiB > 73.7 GiB" in tried
+
+
 SMALL = [
     "trainer.report=false",
     "model.d_model=64",
@@ -100,15 +124,17 @@ def _losses(run: Path) -> list[float]:
 
 @pytest.mark.dist
 def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
-    """``parallel=[fsdp,tp]`` on 2 processes (dp=1 x tp=2) and on 4 (dp=2 x tp=2, the 2-D layout)
-    against the same run in one process: the same 6 losses (within 1e-5; the sliced matmuls and
-    the reductions sum in another order) and the same final parameters, read back from the
-    checkpoints as whole tensors (within 1e-4)."""
+    """``parallel=[fsdp,tp]`` on 2 processes (dp=1 x tp=2) and on 4 (dp=2 x tp=2, the 2-D layout),
+    and the distributed optimizer x tp on 4, against the same run in one process: the same 6
+    losses (within 1e-5; the sliced matmuls and the reductions sum in another order) and the
+    same final parameters, read back from the checkpoints as whole tensors (within 1e-4)."""
     from tests.test_faults import checkpoint_state
 
     env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
     runs = {"one": ["parallel=[]", "infra.nproc_per_node=1"], "tp": ["parallel=[fsdp,tp]"]}
     runs["fsdp_tp"] = ["parallel=[fsdp,tp]", "infra.nproc_per_node=4"]
+    # the distributed optimizer (ZeRO-2) x tp, which parallel=auto may choose
+    runs["zero2_tp"] = ["parallel=[ddp,tp]", "parallel.ddp.distributed_optimizer=true", "infra.nproc_per_node=4"]
     for name, overrides in runs.items():
         done = olmx_cli("train", *SMALL, *overrides, f"trainer.run_dir={tmp_path / name}", env=env)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -117,7 +143,7 @@ def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
     ref = checkpoint_state(tmp_path / "one" / "checkpoints" / "step6")
     weights = [k for k in ref if k.startswith("model.")]
     assert len(weights) >= 20
-    for name in ("tp", "fsdp_tp"):
+    for name in ("tp", "fsdp_tp", "zero2_tp"):
         assert _losses(tmp_path / name) == pytest.approx(reference, rel=1e-5, abs=1e-6), name
         state = checkpoint_state(tmp_path / name / "checkpoints" / "step6")
         worst = max((state[k] - ref[k]).abs().max().item() for k in weights)
