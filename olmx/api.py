@@ -531,6 +531,25 @@ class LayerPlugin(Plugin):
         compile and data parallelism, in the order OLMo-core's ``parallelize_model`` uses.
         Default: nothing."""
 
+    def hf_architecture(self, cfg: Any, run: RunConfig) -> str:
+        """The ``transformers`` causal-LM class (``"OlmoeForCausalLM"``) that holds a model with
+        this layer, for ``olmx export hf``: decided without torch, before anything is loaded;
+        raise :class:`~olmx.errors.ConfigError` naming the setting that has none. Default: none
+        (the layer adds blocks no ``transformers`` architecture has)."""
+        raise ConfigError(
+            "layers",
+            f"layers=[...,{self.name}] adds blocks that no Hugging Face transformers architecture has, and olmx "
+            "writes no remote code for them; olmx export torch writes the full state dict of any model",
+        )
+
+    def hf_checkpoint(self, cfg: Any, model: Any, plan: Plan) -> tuple[Any, dict[str, Any]]:
+        """The ``transformers`` config and state dict (full tensors on the CPU) of the built
+        model with its weights loaded, for the class :meth:`hf_architecture` named. The core
+        sets the run's token ids and context length, loads the state into that class strictly
+        (every tensor, nothing left over) and saves it. Called only where
+        :meth:`hf_architecture` named a class."""
+        raise NotImplementedError(f"{self.name} names a transformers class but writes no checkpoint for it")
+
 
 class ParallelPlugin(Plugin):
     """A parallel strategy: claims mesh dimensions and fills its part of OLMo-core's

@@ -111,9 +111,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, step: int | None = None) 
     module docstring)."""
     out = _check_out(Path(out), directory=True)
     reg, plan = _plan(run_dir)
-    from olmx.plan.hf import ARCHITECTURES, hf_architecture
-
-    arch = hf_architecture(plan.run)  # refused before anything is loaded
+    cls, checkpoint = _hf_target(plan, reg)  # refused before anything is loaded
     tokenizer = _tokenizer_file(plan)
     from olmx.local_model import verified_checkpoint
     from olmx.worker.hf import offline
@@ -122,7 +120,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, step: int | None = None) 
     offline()
     tmp = _temporary(out)
     try:
-        n = _with_model(plan, reg, ckpt, lambda model: _save_hf(model, plan, arch, tmp))
+        n = _with_model(plan, reg, ckpt, lambda model: _save_hf(model, plan, cls, checkpoint, tmp))
         if tokenizer is not None:
             note = _save_tokenizer(plan, tokenizer, tmp)
         else:
@@ -137,7 +135,33 @@ def export_hf(run_dir: str | Path, out: str | Path, *, step: int | None = None) 
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Exported(path=out, step=int(ckpt.name[4:]), tensors=n, architecture=ARCHITECTURES[arch][0], tokenizer=note)
+    return Exported(path=out, step=int(ckpt.name[4:]), tensors=n, architecture=cls, tokenizer=note)
+
+
+def _hf_target(plan: Any, reg: Any) -> tuple[str, Any]:
+    """The ``transformers`` class of the run's model and the function that makes its config and
+    state from the built model: a dense model's (:mod:`olmx.plan.hf`), or the one layer
+    plugin's that names a class (:meth:`olmx.api.LayerPlugin.hf_architecture`; the first that
+    names none refuses)."""
+    from olmx.plan.hf import ARCHITECTURES, hf_architecture
+
+    if not plan.run.layers:
+        arch = hf_architecture(plan.run)
+
+        def dense(model: Any) -> tuple[Any, dict[str, Any]]:
+            from olmx.worker.hf import dense_checkpoint
+
+            return dense_checkpoint(model, plan, arch)
+
+        return ARCHITECTURES[arch][0], dense
+    layers = [(reg.get("layer", name), cfg) for name, cfg in plan.run.layers.items()]
+    classes = [plugin.hf_architecture(cfg, plan.run) for plugin, cfg in layers]
+    if len(layers) > 1:
+        names = ",".join(plan.run.layers)
+        why = f"a transformers class holds one kind of added block, not {len(layers)}"
+        raise ConfigError("layers", f"layers=[{names}]: {why}")
+    (plugin, cfg), cls = layers[0], classes[0]
+    return cls, lambda model: plugin.hf_checkpoint(cfg, model, plan)
 
 
 def export_torch(run_dir: str | Path, out: str | Path, *, step: int | None = None) -> Exported:
@@ -207,10 +231,11 @@ def _with_model(plan: Any, reg: Any, ckpt: Path, write: Any) -> int:
         return write(load_model(plan, reg, ckpt, keep_windows=True))
 
 
-def _save_hf(model: Any, plan: Any, arch: str, tmp: Path) -> int:
-    from olmx.worker.hf import save_hf
+def _save_hf(model: Any, plan: Any, cls: str, checkpoint: Any, tmp: Path) -> int:
+    from olmx.worker.hf import write_hf
 
-    return save_hf(model, plan, arch, tmp)
+    config, state = checkpoint(model)
+    return write_hf(config, state, plan, cls, model.vocab_size, tmp)
 
 
 def _save_torch(model: Any, tmp: Path) -> int:

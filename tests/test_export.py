@@ -1,6 +1,7 @@
 """``olmx export hf|torch`` and ``model.init_from``: an olmx checkpoint as a Hugging Face
-``transformers`` directory (Llama, OLMo 2, OLMo 3) whose logits and greedy continuation are
-olmx's, and a run started from such a directory, on one process and with FSDP on two."""
+``transformers`` directory (Llama, OLMo 2, OLMo 3; with MoE layers OLMoE and FlexOlmo) whose
+logits and greedy continuation are olmx's, and a run started from such a directory, on one
+process and with FSDP on two."""
 
 from __future__ import annotations
 
@@ -325,7 +326,7 @@ def test_any_model_exports_to_torch_and_a_layered_one_is_refused_for_hf(tmp_path
     out = tmp_path / "hf"
     proc = olmx_cli("export", "hf", str(run), "--out", str(out))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "layers=[engram,moe] add blocks that no Hugging Face transformers architecture has" in proc.stderr
+    assert "layers=[...,engram] adds blocks that no Hugging Face transformers architecture has" in proc.stderr
     assert not out.exists()
     proc = olmx_cli("export", "torch", str(run), "--out", str(tmp_path / "model.pt"))
     assert proc.returncode == 0, proc.stderr
@@ -386,3 +387,71 @@ def test_an_export_killed_at_random_instants_is_redone_by_the_next(exported, tmp
             assert rerun.returncode == 0, (seed, at, rerun.stderr)
         assert {p.name: p.read_bytes() for p in out.iterdir()} == reference, (seed, at)
         assert not [p.name for p in tmp_path.iterdir() if ".olmx-export-" in p.name], (seed, at)
+
+
+#: MoE settings of each transformers MoE architecture (``layers=[moe]``, experts in every block).
+MOE_ARCHS = {
+    "OlmoeForCausalLM": ["model.qk_norm=true"],
+    "FlexOlmoForCausalLM": ["model.block=reordered_norm", "model.qk_norm=true"],
+}
+MOE = ["layers=[moe]", "layers.moe.num_experts=4", "layers.moe.top_k=2"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "match"),
+    [
+        (["layers.moe.every=2"], "layers.moe.every", r"experts in blocks \[1\] of 3: OLMoE and FlexOlmo have them"),
+        (["layers.moe.shared_hidden_size=64"], "layers.moe.shared_hidden_size", "no shared expert"),
+        (["layers.moe.gating=sigmoid"], "layers.moe.gating", "softmax over the experts"),
+        (["layers.moe.capacity_factor=1.25"], "layers.moe.capacity_factor", "route every token"),
+        (["layers.moe.normalize_expert_weights=2.0"], "layers.moe.normalize_expert_weights", "summing to one"),
+        (["model.qk_norm=false"], "model.qk_norm", "normalise queries and keys"),
+        (["model.sliding_window=[16,-1]"], "model.sliding_window", "whole context in every layer"),
+        (["layers=[moe,engram]"], "layers", r"layers=\[...,engram\] adds blocks"),
+    ],
+)
+def test_moe_models_without_a_transformers_architecture_are_refused_with_the_reason(tmp_path, overrides, key, match):
+    from olmx.export import _hf_target
+    from olmx.registry import registry
+
+    plan = plan_for(tmp_path, *MOE, *MOE_ARCHS["OlmoeForCausalLM"], *overrides)
+    with pytest.raises(ConfigError, match=match) as info:
+        _hf_target(plan, registry())
+    assert info.value.field == key
+
+
+@pytest.mark.dist
+def test_moe_runs_export_as_olmoe_and_flexolmo_with_olmx_logits_and_greedy_continuation(tmp_path, hf_offline) -> None:
+    """A pre-norm MoE run as OLMoE, a post-norm one as FlexOlmo (experts fused as transformers
+    keeps them, the router as its gate): the logits are olmx's (float32, within LOGIT_TOL) and
+    so is the greedy continuation (``olmx generate``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from olmx.generate import Sampling, decode, generate
+    from olmx.local_model import choose_checkpoint, load_model, local_plan, one_process
+    from olmx.registry import registry
+
+    prompt = "def main(argv):\n    "
+    ids = torch.tensor([list(prompt.encode())])
+    for cls, settings in MOE_ARCHS.items():
+        run, out = tmp_path / cls, tmp_path / f"{cls}-hf"
+        one = ["infra.nproc_per_node=1", "parallel=[]", "trainer.max_steps=2", "model.n_kv_heads=2"]
+        _train(run, tmp_path / "cache", *MOE, *settings, *one)
+        proc = olmx_cli("export", "hf", str(run), "--out", str(out))
+        assert proc.returncode == 0 and f"{cls}, checkpoint step 2" in proc.stdout, proc.stdout + proc.stderr
+        config = json.loads((out / "config.json").read_text())
+        assert config["architectures"] == [cls] and (config["num_experts"], config["num_experts_per_tok"]) == (4, 2)
+        hf = AutoModelForCausalLM.from_pretrained(out).eval()
+        assert type(hf).__name__ == cls
+        reg = registry()
+        plan = local_plan(run, reg)
+        with one_process(plan):
+            model = load_model(plan, reg, choose_checkpoint(run, None)).eval()
+            with torch.no_grad():
+                diff = (model(ids) - hf(ids).logits).abs().max().item()
+        assert diff <= LOGIT_TOL, (cls, diff)
+        ours, _ = generate(run, prompt, Sampling(max_new_tokens=16, temperature=0))
+        with torch.no_grad():
+            theirs = hf.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :].tolist()
+        assert ours == decode(plan, [t for t in theirs if t != 256]), cls

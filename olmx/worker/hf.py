@@ -41,13 +41,12 @@ def offline() -> None:
 
 
 def hf_config(model: Any, plan: Plan, arch: str) -> Any:
-    """The ``transformers`` config of the built OLMo-core ``model``: OLMo-core's
-    ``get_hf_config`` (OLMo 2/3), or the ``LlamaConfig`` of a pre-norm model; with the run's
-    token ids and trained context length."""
+    """The ``transformers`` config of the built dense OLMo-core ``model``: OLMo-core's
+    ``get_hf_config`` (OLMo 2/3), or the ``LlamaConfig`` of a pre-norm model."""
     from olmo_core.nn.hf import get_hf_config
     from transformers import LlamaConfig
 
-    m, tok = plan.run.model, plan.run.data.tokenizer
+    m = plan.run.model
     if arch == LLAMA:
         config = LlamaConfig(
             vocab_size=model.vocab_size,
@@ -67,21 +66,14 @@ def hf_config(model: Any, plan: Plan, arch: str) -> Any:
         config = get_hf_config(model)
     if config.model_type != arch:  # olmx's torch-free decision must be OLMo-core's
         raise RuntimeError(f"OLMo-core makes a {config.model_type} config of a model olmx planned as {arch}")
-    config.architectures = [ARCHITECTURES[arch][0]]
-    config.max_position_embeddings = plan.batch.seq_len
-    config.bos_token_id, config.eos_token_id, config.pad_token_id = tok.bos_id, tok.eos_id, tok.pad_id
     return config
 
 
-def save_hf(model: Any, plan: Plan, arch: str, out: Path) -> int:
-    """Write ``model`` (built from ``plan``, weights loaded) as a ``transformers`` checkpoint
-    into the new directory ``out`` (config.json, generation_config.json, model.safetensors in
-    the weights' dtype); the number of tensors written. The embeddings keep the model's padded
-    vocabulary (its logits are the model's); generation suppresses the padding ids."""
-    import torch
+def dense_checkpoint(model: Any, plan: Plan, arch: str) -> tuple[Any, dict[str, Any]]:
+    """The ``transformers`` config and state dict of the built dense ``model`` (weights loaded)
+    as architecture ``arch``, through OLMo-core's conversion."""
     from olmo_core.distributed.utils import get_full_tensor
     from olmo_core.nn.hf import convert_state_to_hf
-    from transformers import AutoModelForCausalLM
 
     config = hf_config(model, plan, arch)
     state = {k: get_full_tensor(v).detach().cpu() for k, v in model.state_dict().items()}
@@ -90,18 +82,43 @@ def save_hf(model: Any, plan: Plan, arch: str, out: Path) -> int:
     have = {k: tuple(v.shape) for k, v in hf_state.items()}
     if have != want:  # the plan's torch-free table must be OLMo-core's conversion
         raise RuntimeError(f"OLMo-core's {arch} conversion differs from olmx.plan.hf.hf_tensors: {have} != {want}")
+    return config, hf_state
+
+
+def save_hf(model: Any, plan: Plan, arch: str, out: Path) -> int:
+    """Write the dense ``model`` (built from ``plan``, weights loaded) as a ``transformers``
+    checkpoint of ``arch`` into the new directory ``out`` (:func:`write_hf`)."""
+    config, state = dense_checkpoint(model, plan, arch)
+    return write_hf(config, state, plan, ARCHITECTURES[arch][0], model.vocab_size, out)
+
+
+def write_hf(config: Any, state: dict[str, Any], plan: Plan, cls: str, vocab_size: int, out: Path) -> int:
+    """Write ``state`` as a ``transformers`` checkpoint of class ``cls`` configured by ``config``
+    into the new directory ``out`` (config.json, generation_config.json, model.safetensors in
+    the weights' dtype), with the run's token ids and trained context length; the number of
+    tensors written. The state must fill the class exactly (loaded strictly). The embeddings
+    keep the model's padded vocabulary, ``vocab_size`` (its logits are the model's); generation
+    suppresses the padding ids."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = plan.run.data.tokenizer
+    config.architectures = [cls]
+    config.max_position_embeddings = plan.batch.seq_len
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = tok.bos_id, tok.eos_id, tok.pad_id
     with torch.device("meta"):
         hf_model = AutoModelForCausalLM.from_config(config)
-    hf_model.load_state_dict(hf_state, strict=True, assign=True)
-    vocab = plan.run.data.tokenizer.vocab_size
-    if vocab < model.vocab_size:  # the padding ids are never generated (as in olmx generate)
-        hf_model.generation_config.suppress_tokens = list(range(vocab, model.vocab_size))
+    if type(hf_model).__name__ != cls:
+        raise RuntimeError(f"transformers builds a {type(hf_model).__name__} from the {cls} config")
+    hf_model.load_state_dict(state, strict=True, assign=True)
+    if tok.vocab_size < vocab_size:  # the padding ids are never generated (as in olmx generate)
+        hf_model.generation_config.suppress_tokens = list(range(tok.vocab_size, vocab_size))
     hf_model.save_pretrained(out)
     umask = os.umask(0)
     os.umask(umask)
     for path in out.iterdir():  # transformers writes the weights 0600 through a temporary file
         path.chmod(0o666 & ~umask)
-    return len(hf_state)
+    return len(state)
 
 
 def load_init_from(model: Any, plan: Plan) -> str:

@@ -221,6 +221,19 @@ class MoELayer(LayerPlugin):
             decisions=MoEDecisions(backend=backend),
         )
 
+    def hf_architecture(self, cfg: MoEConfig, run: Any) -> str:
+        """OLMoE (pre-norm) or FlexOlmo (post-norm) where the layer and the model are one of them
+        (:func:`.hf.hf_class` says what must hold)."""
+        from olmx_plugins.layers.moe.hf import hf_class
+
+        return hf_class(cfg, run)
+
+    def hf_checkpoint(self, cfg: MoEConfig, model: Any, plan: Any) -> tuple[Any, dict[str, Any]]:
+        """The OLMoE / FlexOlmo config and state of the built model (:func:`.hf.hf_checkpoint`)."""
+        from olmx_plugins.layers.moe.hf import hf_checkpoint
+
+        return hf_checkpoint(cfg, model, plan, self.backend(plan))
+
     def linear_layers(self, cfg: MoEConfig, ctx: Context, layers: list[LinearLayer]) -> list[LinearLayer]:
         """The model's ``nn.Linear`` layers (:mod:`olmx.plan.linears`) with MoE blocks: their
         dense feed-forward is gone; routers and routed experts are plain weights (not
