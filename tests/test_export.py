@@ -450,7 +450,22 @@ def test_moe_runs_export_as_olmoe_and_flexolmo_with_olmx_logits_and_greedy_conti
             model = load_model(plan, reg, choose_checkpoint(run, None)).eval()
             with torch.no_grad():
                 diff = (model(ids) - hf(ids).logits).abs().max().item()
+            state = model.state_dict()
         assert diff <= LOGIT_TOL, (cls, diff)
+        # The same weights in the olmo_core backend's layout (OLMo-core v1 MoE keys) export to the
+        # same tensors (that backend trains only with CUDA or Triton's interpreter).
+        from olmx_plugins.layers.moe.convert import convert_model_state_dict
+        from olmx_plugins.layers.moe.hf import hf_checkpoint
+
+        cfg = plan.run.layers["moe"]
+        v1 = convert_model_state_dict(
+            state, to="olmo_core_v1", num_experts=4, d_model=plan.run.model.d_model, hidden_size=256, dropless=True
+        )
+        assert any("feed_forward_moe" in k for k in v1)
+        as_v1 = dataclasses.make_dataclass("Built", ["sd", "vocab_size"])(v1, model.vocab_size)
+        as_v1.state_dict = lambda v1=v1: v1
+        (_, a), (_, b) = hf_checkpoint(cfg, model, plan, "portable"), hf_checkpoint(cfg, as_v1, plan, "olmo_core")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         ours, _ = generate(run, prompt, Sampling(max_new_tokens=16, temperature=0))
         with torch.no_grad():
             theirs = hf.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :].tolist()
