@@ -265,9 +265,7 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
         raise _config_error(exc, reg) from None
     assert isinstance(run, RunConfig)
     rules.check(run, "")  # the core sections (the plugin sections are not set yet: checked by _typed)
-    for group, typed in sections.items():
-        setattr(run, group, typed)
-    return run
+    return dataclasses.replace(run, **sections)
 
 
 def _plugin(reg: Registry, kind: str, group: str, name: str) -> Any:

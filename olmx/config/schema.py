@@ -296,9 +296,10 @@ class AutoParallelConfig:
     strategies yourself (``parallel=[fsdp,ulysses]``) to choose."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
-    """A whole run: what ``conf/train.yaml`` composes to."""
+    """A whole run: what ``conf/train.yaml`` composes to. Frozen: a changed run is a new one
+    (``dataclasses.replace``), so a plan's run is the run it was planned from."""
 
     #: The transformer.
     model: ModelConfig = field(default_factory=ModelConfig)

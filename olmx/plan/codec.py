@@ -123,7 +123,7 @@ def run_from_data(data: dict[str, Any], reg: Any) -> Any:
     if not isinstance(data, dict):
         raise PlanDataError(f"config: expected a mapping, got {_show(data)}")
     data = dict(data)
-    sections: dict[str, dict[str, Any]] = {}
+    sections: dict[str, Any] = {}  # group -> {plugin name: typed settings}
     for kind, group in CONFIG_GROUPS.items():
         raw = data.pop(group, None) or {}
         if not isinstance(raw, dict):
@@ -149,9 +149,7 @@ def run_from_data(data: dict[str, Any], reg: Any) -> Any:
             if values is not None and not isinstance(values, dict):
                 raise PlanDataError(f"{where}: expected a mapping, got {_show(values)}")
             sections[group][name] = from_data(config_cls, values or {}, where=where)
-    run = from_data(RunConfig, data, where="config")
-    for group, typed in sections.items():
-        setattr(run, group, typed)
+    run = dataclasses.replace(from_data(RunConfig, data, where="config"), **sections)
     try:  # a hand-edited value its field forbids is refused here, as olmx train refuses it
         rules.check(run, "config")
     except ConfigError as exc:
