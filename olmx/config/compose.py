@@ -41,21 +41,11 @@ def _defaults_of(config_cls: type) -> dict[str, Any]:
 OPEN_SECTIONS = ("data.sources",)
 
 
-def _open_named_sections(defaults: dict[str, Any]) -> Any:
-    """The schema's defaults as a DictConfig whose :data:`OPEN_SECTIONS` accept new keys
-    (Hydra's struct mode, set on the root, leaves a node whose flag is set explicitly)."""
-    from omegaconf import OmegaConf
-
-    node = OmegaConf.create(defaults)
-    for key in OPEN_SECTIONS:
-        OmegaConf.set_struct(OmegaConf.select(node, key), False)
-    return node
-
-
 def _open_maps(defaults: dict[str, Any], keys: list[str]) -> Any:
-    """``defaults`` as a DictConfig whose mapping fields (``keys``: a plugin's ``dict`` settings,
-    such as ``infra.env``) take new keys without Hydra's ``+``: ``infra.env={A: b}`` and
-    ``infra.env.A=b`` set them as any other field is set."""
+    """``defaults`` as a DictConfig whose mappings at ``keys`` take new keys without Hydra's
+    ``+`` (Hydra's struct mode, set on the root, leaves a node whose flag is set explicitly):
+    :data:`OPEN_SECTIONS` of the schema, and a plugin's ``dict`` settings, so that
+    ``infra.env={A: b}`` and ``infra.env.A=b`` set them as any other field is set."""
     from omegaconf import OmegaConf
 
     node = OmegaConf.create(defaults)
@@ -71,7 +61,7 @@ def register_plugin_options(reg: Registry) -> None:
     cs = ConfigStore.instance()
     # Untyped defaults: Hydra knows every key (unknown ones are refused at compose time) and
     # `~key` resets a key to its default; types are checked by to_object.
-    cs.store(name="olmx_schema", node=_open_named_sections(_defaults_of(RunConfig)))
+    cs.store(name="olmx_schema", node=_open_maps(_defaults_of(RunConfig), list(OPEN_SECTIONS)))
     for (kind, name), plugin in reg.load_all().items():
         group = CONFIG_GROUPS[kind]
         defaults = _defaults_of(plugin.Config)
