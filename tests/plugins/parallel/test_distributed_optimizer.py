@@ -13,6 +13,7 @@ import pytest
 from olmx.plan.resolve import estimate_run, plan_from_overrides
 from olmx.registry import registry
 from tests.conftest import olmx_cli
+from tests.plugins.parallel.parity import SMALL, losses
 
 ZERO2 = ["parallel=[ddp]", "parallel.ddp.distributed_optimizer=true"]
 
@@ -102,25 +103,6 @@ def test_each_rank_keeps_parameters_gathered_and_holds_half_the_optimizer_state(
         assert abs(r["zero2"]["local"] - r["zero2"]["global"] / 2) <= 0.01 * r["zero2"]["global"], r
 
 
-SMALL = [
-    "trainer.report=false",
-    "model.d_model=64",
-    "model.n_layers=2",
-    "model.hidden_size=256",
-    "data.seq_len=64",
-    "trainer.global_batch_size=8",
-    "trainer.max_steps=6",
-    "trainer.save_interval=6",
-    "trainer.lr=0.01",
-    "trainer.warmup_steps=1",
-    "trainer.micro_batch_size=4",
-]
-
-
-def _losses(run: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.dist
 def test_training_with_the_distributed_optimizer_equals_one_process(tmp_path):
     """2 processes with the distributed optimizer against the same run in one process: the same
@@ -134,9 +116,9 @@ def test_training_with_the_distributed_optimizer_equals_one_process(tmp_path):
     for name, overrides in runs.items():
         done = olmx_cli("train", *SMALL, *overrides, f"trainer.run_dir={tmp_path / name}", env=env)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    reference = _losses(tmp_path / "one")
+    reference = losses(tmp_path / "one")
     assert len(reference) == 6 and reference[-1] < reference[0] - 0.3  # it trains (lr 0.01)
-    assert _losses(tmp_path / "zero2") == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    assert losses(tmp_path / "zero2") == pytest.approx(reference, rel=1e-5, abs=1e-6)
     ref = checkpoint_state(tmp_path / "one" / "checkpoints" / "step6")
     state = checkpoint_state(tmp_path / "zero2" / "checkpoints" / "step6")
     tensors = [k for k in ref if k.startswith(("model.", "optim.state.")) and hasattr(ref[k], "shape")]
@@ -158,4 +140,4 @@ def test_training_with_the_distributed_optimizer_equals_one_process(tmp_path):
     one = ["parallel=[]", "infra.nproc_per_node=1", "trainer.save_interval=3"]
     done = olmx_cli("train", *SMALL, *one, f"trainer.run_dir={tmp_path / 'resumed'}", env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert _losses(tmp_path / "resumed") == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    assert losses(tmp_path / "resumed") == pytest.approx(reference, rel=1e-5, abs=1e-6)

@@ -3,9 +3,7 @@ time, the memory estimate per rank, and training on 2 gloo processes equal to on
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
@@ -13,6 +11,7 @@ from olmx.errors import ConfigError
 from olmx.plan.resolve import plan_from_overrides
 from olmx.registry import registry
 from tests.conftest import olmx_cli
+from tests.plugins.parallel.parity import SMALL, losses
 
 
 def plan_for(*overrides: str):
@@ -103,25 +102,6 @@ def test_parallel_auto_slices_the_weights_where_nothing_without_tensor_paralleli
     assert "parallel=[fsdp,tp] parallel.tp.degree=2: 74.43 GiB > 73.7 GiB" in tried
 
 
-SMALL = [
-    "trainer.report=false",
-    "model.d_model=64",
-    "model.n_layers=2",
-    "model.hidden_size=256",
-    "data.seq_len=64",
-    "trainer.global_batch_size=8",
-    "trainer.max_steps=6",
-    "trainer.save_interval=6",
-    "trainer.lr=0.01",
-    "trainer.warmup_steps=1",
-    "trainer.micro_batch_size=4",
-]
-
-
-def _losses(run: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.dist
 def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
     """``parallel=[fsdp,tp]`` on 2 processes (dp=1 x tp=2) and on 4 (dp=2 x tp=2, the 2-D layout),
@@ -138,13 +118,13 @@ def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
     for name, overrides in runs.items():
         done = olmx_cli("train", *SMALL, *overrides, f"trainer.run_dir={tmp_path / name}", env=env)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    reference = _losses(tmp_path / "one")
+    reference = losses(tmp_path / "one")
     assert len(reference) == 6 and reference[-1] < reference[0] - 0.3  # it trains (lr 0.01)
     ref = checkpoint_state(tmp_path / "one" / "checkpoints" / "step6")
     weights = [k for k in ref if k.startswith("model.")]
     assert len(weights) >= 20
     for name in ("tp", "fsdp_tp", "zero2_tp"):
-        assert _losses(tmp_path / name) == pytest.approx(reference, rel=1e-5, abs=1e-6), name
+        assert losses(tmp_path / name) == pytest.approx(reference, rel=1e-5, abs=1e-6), name
         state = checkpoint_state(tmp_path / name / "checkpoints" / "step6")
         worst = max((state[k] - ref[k]).abs().max().item() for k in weights)
         assert worst < 1e-4, (name, worst)
