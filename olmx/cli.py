@@ -449,7 +449,12 @@ def data_tokenize(
         help="Text files (one document each), folders (their files, recursively) and globs; .jsonl, "
         '.jsonl.gz and .json.gz files hold one document per line, in its "text" field.',
     ),
-    tokenizer: Path = typer.Option(..., "--tokenizer", help="A local Hugging Face tokenizer.json (never downloaded)."),
+    tokenizer: str = typer.Option(
+        ...,
+        "--tokenizer",
+        help="A local Hugging Face tokenizer.json (never downloaded), or a tokenizer OLMo-core names whose file "
+        "an installed package carries (gpt_neox_olmo_dolma_v1_5, with olmx[eval]).",
+    ),
     out_dir: Path = typer.Option(
         ..., "--out", help="Folder of the token files: new, or one this command wrote with this tokenizer (continued)."
     ),
@@ -466,12 +471,16 @@ def data_tokenize(
     Each document gets the end-of-document id after it (and the tokenizer's beginning-of-document
     id before it, where it adds one). Rerunning skips inputs already done and continues an
     interrupted run. Train on the result with: olmx train data=numpy 'data.paths=[OUT/*.npy]'
-    data.tokenizer.path=TOKENIZER."""
+    data.tokenizer.path=TOKENIZER (data.tokenizer=NAME for a named one)."""
     import os
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from olmx.data.tokenize import DEFAULT_SHARD_TOKENS, tokenize
+    from olmx.data.tokenizer import tokenizer_file
+
+    path = tokenizer_file(tokenizer, field="--tokenizer")
+    named = f"data.tokenizer={tokenizer}" if not Path(os.path.expanduser(tokenizer)).is_file() else ""
 
     n = workers if workers is not None else len(os.sched_getaffinity(0))
     columns = (TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
@@ -479,7 +488,7 @@ def data_tokenize(
         task = bar.add_task("tokenizing", total=None)
         done = tokenize(
             inputs,
-            tokenizer,
+            path,
             out_dir,
             workers=n,
             shard_tokens=shard_tokens if shard_tokens is not None else DEFAULT_SHARD_TOKENS,
@@ -495,7 +504,7 @@ def data_tokenize(
     )
     out.print(
         f"{done.out} holds {done.total_documents:,} documents, {done.total_tokens:,} tokens; train on them with: "
-        f"olmx train data=numpy 'data.paths=[{done.out}/*.npy]' data.tokenizer.path={tokenizer}",
+        f"olmx train data=numpy 'data.paths=[{done.out}/*.npy]' {named or f'data.tokenizer.path={tokenizer}'}",
         markup=False,
     )
 

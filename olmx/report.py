@@ -11,7 +11,9 @@ DIR``, so the run's own report stays): ``loss.png``, ``lr.png``, ``throughput.pn
 (steps on the x axis; dotted lines where the run resumed, red dashes at non-finite steps, a red
 cross where a failed run ended) and
 ``summary.txt``. The loss plot draws the held-out loss (``eval/loss``, dashed, with markers)
-beside the training loss. With ``--compare`` every plot overlays the other runs and the table
+beside the training loss. A run with ``eval.downstream`` adds ``downstream.png``: every
+accuracy-type metric of its tasks (OLMo-core's ``eval/downstream/<task> (... accuracy)``) by step,
+and the summary's last values. With ``--compare`` every plot overlays the other runs and the table
 has one column per run.
 
 MFU is the measured model FLOP/s per device (OLMo-core's ``throughput/device/flopsPS``, from
@@ -36,6 +38,22 @@ from olmx.rundir import RunDir
 
 REPORT_DIR = "report"
 PLOTS = ("loss", "lr", "throughput", "memory")
+#: The plot of the downstream tasks' accuracies, written when a run has any.
+DOWNSTREAM_PLOT = "downstream"
+#: OLMo-core's prefix of the downstream tasks' metrics (``eval/downstream/<task> (<metric>)``),
+#: recorded under these names in ``metrics.jsonl`` (:func:`olmx.worker.datasets.eval_record`).
+DOWNSTREAM_PREFIX = "eval/downstream/"
+
+
+def downstream_accuracies(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Each accuracy-type downstream metric of a run (OLMo-core's first version of each: the
+    ``v2`` twins are left out), named ``<task> (<metric>)``, with its (step, value) points."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        for key, value in r.items():
+            if key.startswith(DOWNSTREAM_PREFIX) and "accuracy" in key and not key.endswith(" v2)"):
+                out.setdefault(key.removeprefix(DOWNSTREAM_PREFIX), []).append((r["step"], value))
+    return out
 
 
 @dataclass
@@ -208,6 +226,7 @@ def summarize(run: RunData) -> dict[str, str]:
     problems += [f"{Path(e['path']).name} partial, removed" for e in run.events if e["event"] == "checkpoint_partial"]
     restarts = _restarts(run)
     best = min(losses, key=lambda sl: sl[1]) if losses else (0, float("nan"))
+    downstream = downstream_accuracies(records)
     return {
         "status": _status(run),
         "config digest": f"{config_digest(plan)}  (d_model {model['d_model']}, {model['n_layers']} layers, "
@@ -227,6 +246,8 @@ def summarize(run: RunData) -> dict[str, str]:
         )
         if held
         else "- (no evaluation: eval.interval)",
+        "downstream (last)": ", ".join(f"{k} {v[-1][1]:.4f} (step {v[-1][0]})" for k, v in downstream.items())
+        or "- (no eval.downstream)",
         "tokens/s per device": tps,
         "MFU": mfu,
         "peak memory (MiB)": memory,
@@ -291,12 +312,34 @@ def plot(runs: list[RunData], out_dir: Path) -> list[Path]:
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)
+    if any(downstream_accuracies(run.records) for run in runs):
+        paths.append(_plot_downstream(plt, runs, out_dir))
     return paths
+
+
+def _plot_downstream(plt: Any, runs: list[RunData], out_dir: Path) -> Path:
+    """``downstream.png``: :func:`downstream_accuracies` of every run, one line per metric."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for i, run in enumerate(runs):
+        for j, (metric, points) in enumerate(downstream_accuracies(run.records).items()):
+            xs, ys = zip(*points, strict=True)
+            style = ("-", "--", ":", "-.")[i % 4]
+            ax.plot(xs, ys, color=f"C{j}", linestyle=style, marker="o", label=f"{run.label} {metric}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"downstream tasks ({', '.join(r.label for r in runs)})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = out_dir / f"{DOWNSTREAM_PLOT}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 #: Where ``--compare`` writes, inside the first run's ``report/`` (its own report stays).
 COMPARE_DIR = "compare"
-_REPORT_FILES = {f"{n}.png" for n in PLOTS} | {"summary.txt"}
+_REPORT_FILES = {f"{n}.png" for n in (*PLOTS, DOWNSTREAM_PLOT)} | {"summary.txt"}
 
 
 def report_dir(run_dir: str | Path, *, compare: bool = False, out_dir: str | Path | None = None) -> Path:
@@ -339,7 +382,7 @@ def write_report(
         r.rows = summarize(r)
     out_dir = report_dir(runs[0].path, compare=len(runs) > 1, out_dir=out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot(runs, out_dir)
+    plots = plot(runs, out_dir)
 
     table = Table(title=f"olmx report: {runs[0].path}", show_header=len(runs) > 1, title_justify="left")
     table.add_column("", style="bold")
@@ -352,5 +395,5 @@ def write_report(
     (out_dir / "summary.txt").write_text(text.export_text())
     console = console or Console()
     console.print(table)
-    console.print(f"plots: {', '.join(str(out_dir / f'{n}.png') for n in PLOTS)}", markup=False)
+    console.print(f"plots: {', '.join(str(p) for p in plots)}", markup=False)
     return out_dir

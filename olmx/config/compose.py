@@ -86,6 +86,7 @@ def compose(overrides: list[str], reg: Registry) -> Any:
     from olmx.config.search_path import with_conf_search_paths
 
     _reject_hydra_flags(overrides)
+    overrides = [_tokenizer_shorthand(o) for o in overrides]
     register_plugin_options(reg)
     GlobalHydra.instance().clear()
     try:
@@ -116,6 +117,15 @@ def _reject_hydra_flags(overrides: list[str]) -> None:
                 f"'{value}' looks like a sweep; olmx runs one configuration at a time "
                 "(for a list value write key=[a,b])",
             )
+
+
+def _tokenizer_shorthand(override: str) -> str:
+    """``data.tokenizer=NAME`` (a tokenizer by name, as ``precision=NAME`` names a plugin) is
+    ``data.tokenizer.name=NAME``; a mapping (``data.tokenizer={...}``) is left to Hydra."""
+    key, eq, value = override.partition("=")
+    if eq and key.strip() == "data.tokenizer" and value.strip() and not value.lstrip().startswith("{"):
+        return f"data.tokenizer.name={value}"
+    return override
 
 
 def _reject_duplicate_selections(overrides: list[str]) -> None:

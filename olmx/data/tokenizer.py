@@ -14,6 +14,12 @@ for every real tokenizer, whose ids are contiguous). The special ids are found, 
 A tokenizer that names no end-of-document token needs ``data.tokenizer.eos_id``; one without a
 padding token pads with its end-of-document id.
 
+A tokenizer OLMo-core names (``data.tokenizer=gpt_neox_olmo_dolma_v1_5``: its
+``TokenizerConfig.<name>()``, :data:`OLMO_CORE_TOKENIZERS`) needs no path where an installed
+package carries its ``tokenizer.json`` (:data:`TOKENIZER_PACKAGES`; ai2-olmo-eval, ``olmx[eval]``,
+carries OLMo's GPT-NeoX one): :func:`packaged_tokenizer` finds the file without importing the
+package, and the plan names it as ``data.tokenizer.path``.
+
 Precedence (:func:`resolve_tokenizer`): the tokenizer decides ``vocab_size``, ``eos_id``,
 ``pad_id`` and ``bos_id``. A value that differs from the data preset's
 (``conf/data/<data.name>.yaml``) counts as set by you and must agree with the tokenizer:
@@ -27,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -43,6 +50,50 @@ PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]", "<|padding|>")
 
 #: The ``data.tokenizer`` keys a tokenizer file decides.
 DECIDED = ("vocab_size", "eos_id", "pad_id", "bos_id")
+
+#: The tokenizers OLMo-core names (``olmo_core.data.TokenizerConfig.<name>()``) and their Hugging
+#: Face identifiers (``olmo_core.data.TokenizerName``).
+OLMO_CORE_TOKENIZERS = {
+    "dolma2": "allenai/dolma2-tokenizer",
+    "dolma2_sigdig": "allenai/dolma2-tokenizer-sigdig",
+    "gpt_neox_olmo_dolma_v1_5": "allenai/gpt-neox-olmo-dolma-v1_5",
+    "gpt2": "gpt2",
+}
+#: Packages that carry tokenizer files, as ``(package, folder, the olmx extra that installs it,
+#: the names it carries)``: a tokenizer's file is ``<folder>/<identifier with / as _>.json``.
+TOKENIZER_PACKAGES = (("olmo_eval", "tokenizers", "olmx[eval]", ("gpt_neox_olmo_dolma_v1_5",)),)
+
+
+def packaged_tokenizer(name: str) -> Path | None:
+    """The ``tokenizer.json`` of the tokenizer OLMo-core calls ``name`` that an installed package
+    of :data:`TOKENIZER_PACKAGES` carries (the package is found, not imported); None if none does."""
+    identifier = OLMO_CORE_TOKENIZERS.get(name)
+    if identifier is None:
+        return None
+    for package, folder, _, names in TOKENIZER_PACKAGES:
+        spec = importlib.util.find_spec(package) if name in names else None
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            path = Path(root) / folder / f"{identifier.replace('/', '_')}.json"
+            if path.is_file():
+                return path
+    return None
+
+
+def named_tokenizer(name: str, *, field: str) -> Path:
+    """:func:`packaged_tokenizer` of ``name``, or a :class:`ConfigError` naming ``field`` that says
+    which names there are and which package to install."""
+    path = packaged_tokenizer(name)
+    if path is not None:
+        return path
+    carriers = [f"pip install '{extra}'" for _, _, extra, names in TOKENIZER_PACKAGES if name in names]
+    carried = [n for *_, names in TOKENIZER_PACKAGES for n in names]
+    if carriers:
+        why = f"OLMo-core's tokenizer {name!r} comes with a package that is not installed: {', '.join(carriers)}"
+    elif name in OLMO_CORE_TOKENIZERS:
+        why = f"no package olmx knows carries OLMo-core's tokenizer {name!r} (one of {', '.join(carried)} does)"
+    else:
+        why = f"{name!r} is neither a file nor one of OLMo-core's tokenizers ({', '.join(OLMO_CORE_TOKENIZERS)})"
+    raise ConfigError(field, f"{why}; or name a local tokenizer.json (data.tokenizer.path)")
 
 
 @dataclass(frozen=True)
@@ -72,6 +123,15 @@ class TokenizerFile:
             return "none"
         token = f" {self.added[value]!r}" if value in self.added else ""
         return f"{value}{token} ({self.found.get(key, 'data.tokenizer.' + key)})"
+
+
+def tokenizer_file(spec: str | Path, *, field: str) -> Path:
+    """A tokenizer given on the command line: a local ``tokenizer.json``, or a name of
+    :data:`OLMO_CORE_TOKENIZERS` that is no file here (:func:`named_tokenizer`)."""
+    path = Path(os.path.expanduser(str(spec)))
+    if path.is_file() or str(spec) not in OLMO_CORE_TOKENIZERS:
+        return path  # a missing file is named by whoever reads it
+    return named_tokenizer(str(spec), field=field)
 
 
 def tokenizer_path(tok: TokenizerConfig) -> Path:
@@ -219,6 +279,13 @@ def resolve_tokenizer(run: RunConfig, *, files_here: bool = True) -> RunConfig:
     A byte-level name (``bytes``) with a tokenizer becomes the tokenizer folder's name, so that
     nothing treats the ids as bytes. Raises :class:`ConfigError` for a value that conflicts."""
     tok = run.data.tokenizer
+    if not tok.path and tok.name in OLMO_CORE_TOKENIZERS:
+        found = packaged_tokenizer(tok.name)
+        if found is None and run.data.name != "numpy":  # pre-tokenized data may carry the name as a label
+            named_tokenizer(tok.name, field="data.tokenizer")
+        if found is not None:
+            tok = dataclasses.replace(tok, path=str(found))
+            run = dataclasses.replace(run, data=dataclasses.replace(run.data, tokenizer=tok))
     if not tok.path:
         return run
     if not files_here and not tokenizer_path(tok).is_file():

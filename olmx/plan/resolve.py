@@ -19,6 +19,7 @@ from olmx.data.checks import check_data, check_data_settings, check_eval, defaul
 from olmx.data.tokenizer import resolve_tokenizer
 from olmx.errors import ConfigError
 from olmx.plan import BatchPlan, ParamCounts, Plan
+from olmx.plan.downstream import plan_downstream
 from olmx.plan.execution import kernel_warnings, resolve_execution
 from olmx.plan.hf import check_init_from
 from olmx.plan.linears import dense_linears
@@ -87,7 +88,16 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     execution = ctx.execution
     mem_warnings = memory.check(est, run, mesh, world, params.total, vocab, dtypes.param, sharded)
     mem_rows = memory.rows(est, world)
-    time_rows = throughput.rows(throughput.estimate(run, world, params, batch, dtypes.param), run, world, dtypes.param)
+    timing = throughput.estimate(run, world, params, batch, dtypes.param)
+    time_rows = throughput.rows(timing, run, world, dtypes.param)
+    data_rows += plan_downstream(
+        run,
+        mesh,
+        batch.micro_seqs,
+        files_here=files_here,
+        forward_flops=timing.flops.model // 3,
+        flops_per_s=timing.peak * run.trainer.assumed_mfu if timing.peak else None,
+    )
     run_dir = _run_dir(run, now or datetime.now())
     resume_step = RunDir(run_dir).latest_checkpoint() if run.trainer.resume else None
     if resume_step is not None:

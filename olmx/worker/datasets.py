@@ -41,6 +41,7 @@ from olmx.data.splits import (
 )
 from olmx.errors import ConfigError
 from olmx.plan import Plan
+from olmx.report import DOWNSTREAM_PREFIX
 
 #: The label of the evaluated data in OLMo-core's metric names.
 EVAL_LABEL = "heldout"
@@ -49,12 +50,14 @@ EVAL_LOSS_METRIC = f"eval/lm/{EVAL_LABEL}/CE loss"
 
 
 def eval_record(metrics: dict[str, float]) -> dict[str, float]:
-    """``eval/loss`` and ``eval/perplexity`` of a step's metrics (empty if it was not evaluated):
-    the evaluator's own loss (:class:`HeldOutLMEvaluator`), the number every tracker gets too."""
-    if EVAL_LOSS_METRIC not in metrics:
-        return {}
-    loss = float(metrics[EVAL_LOSS_METRIC])
-    return {"eval/loss": loss, "eval/perplexity": math.exp(loss)}
+    """What a step's metrics add to its ``metrics.jsonl`` record (empty if it was not evaluated):
+    ``eval/loss`` and ``eval/perplexity``, the evaluator's own loss (:class:`HeldOutLMEvaluator`),
+    and the downstream tasks' metrics under OLMo-core's names, the numbers every tracker gets too."""
+    out = {k: float(v) for k, v in metrics.items() if k.startswith(DOWNSTREAM_PREFIX)}
+    if EVAL_LOSS_METRIC in metrics:
+        loss = float(metrics[EVAL_LOSS_METRIC])
+        out |= {"eval/loss": loss, "eval/perplexity": math.exp(loss)}
+    return out
 
 
 class HeldOutLMEvaluator(LMEvaluator):
@@ -315,4 +318,40 @@ def build_evaluator(
         fixed_steps=[run.trainer.max_steps],
         eval_duration=Duration.steps(limit // batch_seqs) if limit else Duration.epochs(1),
         log_interval=1 << 30,  # one log line per evaluation (its metrics), not one per batch
+    )
+
+
+def build_downstream(plan: Plan, *, dp_process_group: Any) -> Any:
+    """OLMo-core's ``DownstreamEvaluator`` for each task of ``eval.downstream``, in one evaluator
+    callback with the held-out loss's schedule (every ``eval.interval`` steps and at
+    ``trainer.max_steps``), each task evaluated whole. The tokenizer is the run's file (olmo_eval's
+    ``HFTokenizer`` reads a path as it is); batches are ``trainer.micro_batch_size`` x
+    ``data.seq_len`` tokens per rank, as the plan costed them (:mod:`olmx.plan.downstream`)."""
+    from olmo_core.train import Duration
+    from olmo_core.train.callbacks.evaluator_callback import DownstreamEvaluator
+    from olmo_core.train.train_module import EvalBatchSpec
+    from olmo_core.utils import get_default_device
+    from olmo_eval import HFTokenizer
+
+    run, tok, seq = plan.run, plan.run.data.tokenizer, plan.batch.seq_len
+    assert tok.path
+    tokenizer = HFTokenizer(tok.path, pad_token_id=tok.pad_id, eos_token_id=tok.eos_id, bos_token_id=tok.bos_id)
+    spec = EvalBatchSpec(plan.batch.micro_seqs * seq, max_sequence_length=seq)
+    evaluators = [
+        DownstreamEvaluator(
+            name="downstream",
+            task=task,
+            batch_spec=spec,
+            tokenizer=tokenizer,
+            device=get_default_device(),
+            dp_process_group=dp_process_group,
+        )
+        for task in run.eval.downstream
+    ]
+    return HeldOutEvaluatorCallback(
+        evaluators=evaluators,
+        eval_interval=run.eval.interval,
+        fixed_steps=[run.trainer.max_steps],
+        eval_duration=Duration.epochs(1),
+        log_interval=1 << 30,
     )

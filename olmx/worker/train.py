@@ -126,7 +126,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     from olmx.data.splits import eval_on
     from olmx.worker.callbacks import OlmxMetricsCallback, OlmxSpeedMonitorCallback, profile_callbacks
     from olmx.worker.checkpoint import KEEP_CHECKPOINTS, OlmxCheckpointerConfig
-    from olmx.worker.datasets import build_evaluator, build_train_dataset, data_split
+    from olmx.worker.datasets import build_downstream, build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
 
     run, rd = plan.run, RunDir(plan.run_dir)
@@ -169,6 +169,8 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
             dp_process_group=train_module.dp_process_group,
             work_dir=rd.work / "eval",
         )
+    if run.eval.downstream:
+        callbacks["olmx_downstream"] = build_downstream(plan, dp_process_group=train_module.dp_process_group)
     # The guard takes the gradient norm, clips and feeds SkipStepAdamW (olmx.worker.faults).
     callbacks.update(fault_callbacks(run, str(run_dir), stop_check_interval=plan.execution.log_interval))
     callbacks.update(profile_callbacks(t, rd.profile))

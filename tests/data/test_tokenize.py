@@ -400,3 +400,29 @@ def test_text_that_is_not_utf8_is_refused_by_the_plan_and_python_sources_decode_
     with pytest.raises(ConfigError, match="is not UTF-8 text"):  # as data=text they are refused
         tokenize_to_file([koi8], corpus["tok"], specials, tmp_path / "odd2.npy")
     assert not (tmp_path / "odd2.npy").exists()
+
+
+def test_olmos_named_tokenizer_tokenizes_and_trains_without_a_path(corpus, tmp_path) -> None:
+    """``--tokenizer gpt_neox_olmo_dolma_v1_5``: the file ai2-olmo-eval carries, the ids the
+    ``tokenizers`` package gives for it, and a training plan that accepts the files by name."""
+    from tokenizers import Tokenizer
+
+    from olmx.data.tokenizer import packaged_tokenizer
+
+    out = tmp_path / "neox"
+    named = ["--tokenizer", "gpt_neox_olmo_dolma_v1_5"]
+    proc = olmx_cli("data", "tokenize", corpus["inputs"][0], *named, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "data.tokenizer=gpt_neox_olmo_dolma_v1_5" in proc.stdout  # the command to train on them
+    path = packaged_tokenizer("gpt_neox_olmo_dolma_v1_5")
+    assert path is not None
+    ids = np.concatenate([np.fromfile(p, dtype=np.uint16) for p in sorted(out.glob("part-*.npy"))])
+    first = Tokenizer.from_file(str(path)).encode(corpus["docs"][0]).ids
+    assert ids[: len(first) + 1].tolist() == [*first, 50279]  # the document, then <|endoftext|>
+    plan = olmx_cli(
+        "train", "--dry-run", "data=numpy", f"data.paths=[{out}/*.npy]", "data.tokenizer=gpt_neox_olmo_dolma_v1_5",
+        "data.seq_len=64", "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "eval.interval=0",
+        f"trainer.run_dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "50,280 ids" in plan.stdout and "eos 50279 '<|endoftext|>'" in plan.stdout
