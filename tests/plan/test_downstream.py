@@ -129,3 +129,14 @@ def test_a_named_tokenizer_no_package_carries_is_refused_for_text_and_a_label_fo
         registry(),
     )
     assert plan.run.data.tokenizer.name == "dolma2" and plan.run.data.tokenizer.path is None
+
+
+def test_olmx_data_tasks_lists_olmo_cores_task_names():
+    import json
+
+    from olmo_eval import list_tasks
+
+    proc = olmx_cli("data", "tasks", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == sorted(list_tasks())
+    assert {"arc_easy", "hellaswag", "piqa", "mmlu_stem"} < set(json.loads(proc.stdout))
