@@ -169,6 +169,7 @@ DTYPES: tuple[str, ...] = ("bfloat16", "float32")
 CLAIMABLE_DIMS: dict[str, str] = {
     "cp": "context (sequence) parallel: each sequence sharded over this many ranks",
     "tp": "tensor parallel: each block's weights sharded over this many ranks",
+    "pp": "pipeline parallel: the blocks split into this many consecutive stages, one group of ranks each",
 }
 
 #: What a parallel plugin may say it provides (:attr:`ParallelPlugin.provides`), in the order
@@ -256,6 +257,9 @@ class Mesh:
     #: Ranks that share every weight matrix of a block, each holding a slice (tensor
     #: parallelism; OLMo-core's ``tp_config``).
     tp: int = 1
+    #: Pipeline stages: groups of ranks that each hold a consecutive slice of the blocks and pass
+    #: activations forward and gradients back (pipeline parallelism; OLMo-core's ``pp_config``).
+    pp: int = 1
     #: Parameters, gradients and optimizer state are sharded (FSDP2-like data parallelism).
     shards_params: bool = False
     #: With :attr:`shards_params`: parameters freed after each block's forward (ZeRO-3), or
@@ -274,7 +278,7 @@ class Mesh:
     @property
     def size(self) -> int:
         """All ranks."""
-        return self.dp * self.cp * self.tp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def shards_sequence(self) -> bool:
@@ -304,6 +308,8 @@ class Mesh:
             out["cp"] = self.cp
         if self.tp > 1:
             out["tp"] = self.tp
+        if self.pp > 1:
+            out["pp"] = self.pp
         if self.ep > 1:
             out["ep"] = self.ep
         return out
@@ -361,6 +367,13 @@ class Contribution:
     #: transient communication buffers, such as an all-to-all, need no term: they are freed
     #: before the peak at the start of the backward pass.)
     activation_bytes_per_token: int = 0
+    #: Micro-batches whose activations a rank keeps at once, in whole stages' worth (a pipeline
+    #: schedule runs several forwards before their backwards; 1 without a pipeline). The plan's
+    #: memory estimate multiplies the activations of a rank's blocks by the largest.
+    microbatches_in_flight: int = 1
+    #: The share of each step the devices idle because of this plugin (a pipeline's bubble).
+    #: The plan's time model stretches the step by ``1 / (1 - idle)`` for the largest.
+    idle_fraction: float = 0.0
     #: Decisions made here, saved in the plan and read back at build time with
     #: :meth:`Plugin.decided` instead of being recomputed: an instance of the plugin's
     #: ``Decisions`` dataclass (fields of plain types: str, int, float, bool, lists, dicts), or
@@ -516,6 +529,11 @@ class LayerPlugin(Plugin):
     #: block's linear layers into slices). Unless a layer says so, the plan refuses it under
     #: tensor parallelism.
     tensor_parallel: ClassVar[bool] = False
+    #: The layer's modules work on a pipeline stage: a block that holds them may sit on any
+    #: stage, seeing the previous stage's hidden states and no token ids or other inputs of the
+    #: model's first stage. Unless a layer says so, the plan refuses it under pipeline
+    #: parallelism (``mesh.pp``).
+    pipeline_parallel: ClassVar[bool] = False
 
     def linear_layers(self, cfg: Any, ctx: Context, layers: list[LinearLayer]) -> list[LinearLayer]:
         """The model's ``nn.Linear`` layers after this plugin's edits (torch-free,

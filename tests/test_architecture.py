@@ -210,9 +210,9 @@ def test_no_plugin_imports_another_plugin():
 
 #: First-party plugin names that are also ordinary values in the core's vocabulary: ``auto``
 #: (the precision plugin) is the word for "olmx chooses" in ``model.attn_backend=auto``,
-#: ``trainer.compile=auto`` and the MoE backend; ``tp`` (the tensor-parallel strategy) is also
-#: the name of the mesh dimension it claims, as ``cp`` is; such a string names no plugin.
-COMMON_WORDS = {"auto", "tp"}
+#: ``trainer.compile=auto`` and the MoE backend; ``tp`` and ``pp`` (tensor and pipeline parallel) are also
+#: the names of the mesh dimensions they claim, as ``cp`` is; such a string names no plugin.
+COMMON_WORDS = {"auto", "tp", "pp"}
 
 
 def test_the_core_imports_and_names_no_first_party_plugin():

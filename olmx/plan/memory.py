@@ -128,11 +128,13 @@ class MemoryEstimate:
     #: Parameters the plugins gather for compute (summed
     #: :attr:`olmx.api.Contribution.gathered_params`), to estimate a changed run with.
     plugin_gathered: int = 0
+    #: Micro-batches in flight (the largest :attr:`olmx.api.Contribution.microbatches_in_flight`).
+    inflight: int = 1
 
     @property
-    def plugin_terms(self) -> tuple[int, int]:
-        """``(plugin_activations, plugin_gathered)``, as :func:`estimate` takes them."""
-        return self.plugin_activations, self.plugin_gathered
+    def plugin_terms(self) -> tuple[int, int, int]:
+        """``(plugin_activations, plugin_gathered, inflight)``, as :func:`estimate` takes them."""
+        return self.plugin_activations, self.plugin_gathered, self.inflight
 
     @property
     def peak(self) -> int:
@@ -167,13 +169,15 @@ def estimate(
     sharded: tuple[tuple[int, int], ...] = (),
     plugin_activations: int = 0,
     plugin_gathered: int = 0,
+    inflight: int = 1,
 ) -> MemoryEstimate:
     """The estimate for one process of the run (see the module docstring: the same terms on
     every ``device``, whose capacity :func:`check` compares it with); ``sharded`` lists
     ``(parameters, ranks)`` that plugins spread over ranks themselves
     (:attr:`olmx.api.Contribution.sharded_params`), ``plugin_activations`` the bytes per token
     their modules keep (:attr:`olmx.api.Contribution.activation_bytes_per_token`, summed) and
-    ``plugin_gathered`` the parameters they gather for compute (:attr:`~olmx.api.Contribution.gathered_params`)."""
+    ``plugin_gathered`` the parameters they gather for compute (:attr:`~olmx.api.Contribution.gathered_params`)
+    and ``inflight`` the micro-batches a pipeline stage keeps activations of."""
     m, t = run.model, run.trainer
     b = _DTYPE_BYTES.get(param_dtype, 4)
     autocast = b < 4 and not mesh.shards_params  # replicated parameters: torch.autocast
@@ -183,28 +187,37 @@ def estimate(
     # few parameters stay whole and are not counted apart
     shard = (mesh.dp_shard * max(1, mesh.cp) if mesh.shards_params else 1) * mesh.tp
     own = sum(n for n, _ in sharded)
-    params = 4 * (total_params - own) // shard + sum(4 * n // max(1, over) for n, over in sharded)
-    total_params -= own  # what DDP/FSDP hold
+    d = m.d_model
+    per_block = 4 * (total_params - own - 2 * vocab * d) // max(1, m.n_layers)
+    held = total_params - own  # what DDP/FSDP hold
+    # pipeline parallelism: the busiest stage holds ceil(blocks / pp) blocks and one vocab x d
+    # matrix (the first stage the embedding, the last the output head)
+    stage_layers = -(-m.n_layers // mesh.pp)
+    if mesh.pp > 1:
+        held = (held - 2 * vocab * d) * stage_layers // m.n_layers + vocab * d
+    params = 4 * held // shard + sum(4 * n // max(1, over) for n, over in sharded)
+    total_params = held
     grads = params
     optimizer = 2 * params
-    d = m.d_model
     # tensor parallelism with sequence-parallel norms: each rank keeps 1/tp of a block's
     # activations (its heads and feed-forward slice; 1/tp of the positions around the norms)
     tokens = t.micro_batch_size * run.data.seq_len // (max(1, mesh.cp) * mesh.tp)
     attn, ff, transient = block_activations(run, b, autocast)
     plugin_acts = tokens * plugin_activations
     head = tokens * (2 * d * b + 2 * 4 * vocab)
-    no_ac = m.n_layers * tokens * (attn + ff) + tokens * transient + head + plugin_acts
+    # a pipeline stage keeps its blocks' activations of every micro-batch in flight; the output
+    # layer's (the last stage's) of one at a time
+    kept = stage_layers * inflight
+    no_ac = kept * tokens * (attn + ff) + tokens * transient + head + plugin_acts
     ac = t.activation_checkpointing
     if ac == "full":  # block inputs, and one block recomputed in backward
-        acts = m.n_layers * tokens * d * b + tokens * (attn + ff + transient) + head + plugin_acts
+        acts = kept * tokens * d * b + tokens * (attn + ff + transient) + head + plugin_acts
     elif ac == "long_context":  # feed-forward and norms recomputed (their inputs kept), one at a time
         # per block the attention part less its norm's inner tensor, plus the feed-forward
         # norm's input (saved-tensor count: 8 d-wide tensors per block with MHA, not 10)
-        acts = m.n_layers * tokens * attn + tokens * (ff + transient) + head + plugin_acts
+        acts = kept * tokens * attn + tokens * (ff + transient) + head + plugin_acts
     else:
         acts = no_ac
-    per_block = 4 * (total_params - 2 * vocab * d) // max(1, m.n_layers)
     # FSDP2 gathers a block and prefetches the next, in the compute dtype; DDP's buckets are the
     # gradients (a 2-process DDP run measured the same as one process)
     # (ZeRO-2, parameters kept gathered from the forward to the backward: the whole model)
@@ -216,7 +229,7 @@ def estimate(
     copies = 2 * total_params if autocast else 0  # autocast's bf16 weight copies, kept for backward
     step = OPTIMIZER_TEMPORARIES * params  # the optimizer step's temporaries, after backward
     buffers = max(comm + copies, step - acts)
-    return MemoryEstimate(params, grads, optimizer, acts, no_ac, buffers, plugin_activations, plugin_gathered)
+    return MemoryEstimate(params, grads, optimizer, acts, no_ac, buffers, plugin_activations, plugin_gathered, inflight)
 
 
 def gib(n: int | float) -> str:

@@ -67,20 +67,27 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
             if size < 1:
                 raise ConfigError(plugin.section, f"mesh dimension '{dim}' must be at least 1, got {size}")
             claimed[dim] = (size, plugin.section)
-    cp, tp = claimed.get("cp", (1, ""))[0], claimed.get("tp", (1, ""))[0]
+    cp, tp, pp = (claimed.get(dim, (1, ""))[0] for dim in ("cp", "tp", "pp"))
     left = world.size
-    for dim, size in (("cp", cp), ("tp", tp)):
+    for dim, size in (("pp", pp), ("cp", cp), ("tp", tp)):
         if left % size:
             raise ConfigError(
                 claimed[dim][1],
                 f"{dim}={size} must divide the world size {world.size} "
                 f"({world.nnodes} node(s) x {world.nproc_per_node} processes)"
-                + (f", {left} rank(s) per cp={cp} group" if left != world.size else ""),
+                + (f", {left} rank(s) left by the dimensions before it" if left != world.size else ""),
             )
         left //= size
     if cp > 1 and tp > 1:
         raise ConfigError(
             claimed["tp"][1], f"tensor parallelism with context parallelism ({claimed['cp'][1]}) is not supported yet"
+        )
+    if pp > 1 and (cp > 1 or tp > 1):
+        other = claimed["cp" if cp > 1 else "tp"][1]
+        raise ConfigError(
+            claimed["pp"][1],
+            f"pipeline parallelism with {'context' if cp > 1 else 'tensor'} parallelism ({other}) is not supported "
+            "yet: torch's pipeline stages cannot hand on the sharded (DTensor) activations between stages",
         )
     dp_ranks = left
     strategies = [(p, cfg) for p, cfg in parallel if p.data_parallel]
@@ -107,7 +114,7 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
                 f"sync (without one OLMo-core trains diverging copies); add one of: {', '.join(offer) or 'none'} "
                 f"(e.g. parallel=[{offer[0] if offer else '...'}]) or run one process (infra.nproc_per_node=1)",
             )
-        return Mesh(cp=cp, tp=tp)
+        return Mesh(cp=cp, tp=tp, pp=pp)
     plugin, cfg = strategies[0]
     lay = plugin.layout(cfg, dp_ranks, world)
     if tp > 1 and not lay.shards_params:
@@ -128,7 +135,7 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
             raise ConfigError(
                 lay.ep_field or plugin.section, f"{lay.ep} must divide the {dp_ranks} data-parallel ranks"
             )
-        for dim, size in (("cp", cp), ("tp", tp)):
+        for dim, size in (("cp", cp), ("tp", tp), ("pp", pp)):
             if size > 1:
                 raise ConfigError(
                     lay.ep_field or plugin.section,
@@ -140,6 +147,7 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
         dp_shard=lay.shard,
         cp=cp,
         tp=tp,
+        pp=pp,
         ep=lay.ep,
         shards_params=lay.shards_params,
         reshard_after_forward=lay.reshard_after_forward or not lay.shards_params,
@@ -149,16 +157,21 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
 
 
 def check_tensor_parallel(ctx: Context) -> None:
-    """Tensor parallelism needs every layer plugin of the run to support it."""
-    if ctx.mesh.tp < 2:
-        return
+    """Tensor and pipeline parallelism need every layer plugin of the run to support them."""
     for plugin, _ in ctx.layers:
-        if not plugin.tensor_parallel:
+        if ctx.mesh.tp > 1 and not plugin.tensor_parallel:
             raise ConfigError(
                 plugin.section,
                 f"does not support tensor parallelism (the mesh has tp={ctx.mesh.tp}): its modules would meet "
                 f"sliced weights and a sequence-sharded residual stream; drop the tensor-parallel strategy "
                 f"or layers=[...,{plugin.name}]",
+            )
+        if ctx.mesh.pp > 1 and not plugin.pipeline_parallel:
+            raise ConfigError(
+                plugin.section,
+                f"does not support pipeline parallelism (the mesh has pp={ctx.mesh.pp}): its blocks would sit on "
+                f"stages that see only the previous stage's hidden states; drop the pipeline strategy (shard with "
+                f"fsdp instead) or layers=[...,{plugin.name}]",
             )
 
 

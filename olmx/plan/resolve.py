@@ -88,7 +88,8 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     execution = ctx.execution
     mem_warnings = memory.check(est, run, mesh, world, params.total, vocab, dtypes.param, sharded)
     mem_rows = memory.rows(est, world)
-    timing = throughput.estimate(run, world, params, batch, dtypes.param)
+    idle = max((c.idle_fraction for c in contributions.values()), default=0.0)
+    timing = throughput.estimate(run, world, params, batch, dtypes.param, idle=idle)
     time_rows = throughput.rows(timing, run, world, dtypes.param)
     data_rows += plan_downstream(
         run,
@@ -204,8 +205,9 @@ def estimate_run(run: RunConfig, world: World, reg: Registry) -> Estimated:
     sharded = tuple((c.sharded_params, c.sharded_over) for c in contributions.values() if c.sharded_params)
     plugin_acts = sum(c.activation_bytes_per_token for c in contributions.values())
     gathered = sum(c.gathered_params for c in contributions.values())
+    inflight = max((c.microbatches_in_flight for c in contributions.values()), default=1)
     est = memory.estimate(
-        run, mesh, params.total, vocab, ctx.dtypes.param, world.device, sharded, plugin_acts, gathered
+        run, mesh, params.total, vocab, ctx.dtypes.param, world.device, sharded, plugin_acts, gathered, inflight
     )
     return Estimated(ctx, contributions, batch, params, est, sharded)
 

@@ -96,6 +96,8 @@ class StepTime:
     seconds: float | None
     tokens_per_step: int
     world_size: int
+    #: The share of the step the devices idle (a pipeline's bubble), included in ``seconds``.
+    idle: float = 0.0
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -103,8 +105,11 @@ class StepTime:
         return None if not self.seconds else self.tokens_per_step / self.seconds
 
 
-def estimate(run: RunConfig, world: World, params: ParamCounts, batch: BatchPlan, compute_dtype: str) -> StepTime:
-    """The step time of the plan at ``run.trainer.assumed_mfu``."""
+def estimate(
+    run: RunConfig, world: World, params: ParamCounts, batch: BatchPlan, compute_dtype: str, *, idle: float = 0.0
+) -> StepTime:
+    """The step time of the plan at ``run.trainer.assumed_mfu``, stretched by ``1 / (1 - idle)``
+    where the devices idle that share of a step (a pipeline's bubble)."""
     from olmx.launch.devices import peak_flops
 
     flops = flops_per_token(
@@ -112,8 +117,8 @@ def estimate(run: RunConfig, world: World, params: ParamCounts, batch: BatchPlan
     )
     peak = peak_flops(world.device_name, compute_dtype) if world.device == "cuda" else None
     per_device = flops.total * batch.global_tokens / world.size
-    seconds = per_device / (peak * run.trainer.assumed_mfu) if peak else None
-    return StepTime(flops, peak, seconds, batch.global_tokens, world.size)
+    seconds = per_device / (peak * run.trainer.assumed_mfu) / (1 - idle) if peak else None
+    return StepTime(flops, peak, seconds, batch.global_tokens, world.size, idle)
 
 
 def _g(n: float) -> str:
@@ -141,8 +146,9 @@ def rows(est: StepTime, run: RunConfig, world: World, compute_dtype: str) -> lis
         ("device peak", f"{est.peak / 1e12:,.0f} TFLOP/s dense {compute_dtype} ({world.device_name})"),
         (
             "step time",
-            f"{est.seconds:,.3g} s at trainer.assumed_mfu={run.trainer.assumed_mfu:g}: "
-            f"{est.tokens_per_step:,} tokens per step, {per_device:,} per device",
+            f"{est.seconds:,.3g} s at trainer.assumed_mfu={run.trainer.assumed_mfu:g}"
+            + (f" with {est.idle:.0%} of it idle (pipeline bubble)" if est.idle else "")
+            + f": {est.tokens_per_step:,} tokens per step, {per_device:,} per device",
         ),
         ("tokens/s", f"{total / est.world_size:,.0f} per device, {total:,.0f} in total"),
         ("not modelled", "communication (gradient reduction, FSDP gathers, all-to-all), data loading, optimizer step"),

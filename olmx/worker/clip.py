@@ -13,6 +13,8 @@ local shard is summed and the sum all-reduced over every mesh dimension on which
 replicated (``Shard``, ``_StridedShard``, ``Partial``), never over those where it is. No
 gradient is gathered: only one scalar per (mesh, placements) group crosses ranks, and the
 per-tensor norms are multi-tensor (``torch._foreach_norm``) kernels, as torch's own clipping.
+Under pipeline parallelism each stage holds other parameters: the sum of squares is also summed
+over the pipeline group (``stages``).
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def global_grad_norm(parameters: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+def global_grad_norm(parameters: Iterable[torch.nn.Parameter], stages: object | None = None) -> torch.Tensor:
     """The L2 norm of all gradients of ``parameters`` (plain tensors and DTensors on any
-    meshes), the same on every rank; collective over the DTensors' meshes."""
+    meshes), the same on every rank; collective over the DTensors' meshes and the pipeline
+    group ``stages`` (a process group; None: no pipeline)."""
     plain: list[torch.Tensor] = []
     groups: dict[tuple[object, tuple[object, ...]], list[torch.Tensor]] = defaultdict(list)
     examples: dict[tuple[object, tuple[object, ...]], DTensor] = {}
@@ -65,7 +68,10 @@ def global_grad_norm(parameters: Iterable[torch.nn.Parameter]) -> torch.Tensor:
             if not placement.is_replicate():
                 dist.all_reduce(sq, group=example.device_mesh.get_group(dim))
         total = sq if total is None else total + sq.to(total.device)
-    return (total if total is not None else torch.zeros(())).sqrt()
+    total = total if total is not None else torch.zeros(())
+    if stages is not None:
+        dist.all_reduce(total, group=stages)
+    return total.sqrt()
 
 
 @torch.no_grad()

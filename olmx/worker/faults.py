@@ -126,9 +126,10 @@ class TrainingGuard(Callback):
         from olmx.worker.clip import clip_grads_with_norm_, global_grad_norm
 
         module = self.trainer.train_module
-        optim = module.optim
-        params = [p for p in module.model.parameters() if p.grad is not None]
-        norm = global_grad_norm(params)  # the same on every rank
+        parts = getattr(module, "model_parts", None) or [module.model]
+        optim = module.optimizers[0] if hasattr(module, "optimizers") else module.optim
+        params = [p for part in parts for p in part.parameters() if p.grad is not None]
+        norm = global_grad_norm(params, getattr(module, "pp_group", None))  # the same on every rank
         bad = ~torch.isfinite(norm)
         loss = self.trainer.get_metric(TRAIN_CE_LOSS_METRIC)
         if loss is not None:

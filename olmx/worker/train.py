@@ -131,7 +131,13 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
 
     run, rd = plan.run, RunDir(plan.run_dir)
     t, run_dir = run.trainer, rd.path
-    train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, reg)).build(model)
+    kwargs = train_module_kwargs(plan, reg)
+    if kwargs.get("pp_config") is not None:  # torch's pipeline schedules (olmx.worker.pipeline)
+        from olmx.worker.pipeline import build_pipeline_train_module
+
+        train_module = build_pipeline_train_module(TransformerTrainModuleConfig(**kwargs), model)
+    else:
+        train_module = TransformerTrainModuleConfig(**kwargs).build(model)
 
     # The training dataset never reads the held-out sequences the evaluator reads (olmx.data.splits).
     splits = data_split(plan)

@@ -1,0 +1,148 @@
+"""Pipeline parallelism under torch's standard schedules (``parallel=[...,pp]``).
+
+OLMo-core 3.0.0 splits the model into stages (``TransformerPipelineParallelConfig.split_model``,
+torch's ``PipelineStage`` for the standard schedules) and trains them in
+``TransformerPipelineTrainModule``, but its schedule driver (``PipelineSchedule``) runs only its
+own CUDA schedules (``CustomInterleaved1F1B``, ``Custom1F1BV``: they place tensors with
+``torch.cuda.current_device()``) and refuses torch's ``1F1B``, ``GPipe``, ``Interleaved1F1B``
+and the rest. :class:`PipelineTrainModule` is OLMo-core's train module with its schedule
+replaced by torch's (:class:`TorchSchedule`), which runs on any device and backend, gloo on CPUs
+included, and two fixes that make it equal a run without a pipeline:
+
+* DDP's replicas (OLMo-core's composable ``replicate``, which torch's stages do not recognise)
+  would all-reduce after every micro-batch's backward while other micro-batches' forwards are
+  pending, which DDP's reducer does not follow: their gradient sync is off during the schedule
+  and the gradients are averaged over the data-parallel ranks once, after it (FSDP's modules
+  torch's stages handle themselves);
+* the step's loss reaches the ranks without the final stage by a broadcast over the pipeline
+  group (OLMo-core sends it on with an ``isend`` it never waits for, which gloo leaves pending
+  while the sender moves on to the next collective).
+
+Everything else (the split, the losses each last stage captures, the data-parallel wrapping of
+each stage, checkpoints of the model parts, an optimizer per part) is OLMo-core's.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from olmo_core.distributed.utils import get_world_size
+from olmo_core.exceptions import OLMoConfigurationError
+from olmo_core.train.train_module.transformer.pipeline_train_module import TransformerPipelineTrainModule
+
+
+def _output_is_the_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The last stage's output already is the micro-batch's share of the loss (OLMo-core's
+    ``run_pipeline`` hook returns it); the schedule backpropagates it as it is."""
+    del target
+    return output.sum()
+
+
+class TorchSchedule:
+    """The interface OLMo-core's train module drives (``step``, ``has_first_stage``,
+    ``has_last_stage``) over one of ``torch.distributed.pipelining``'s schedules. Gradients are
+    not divided by the micro-batches (``scale_grads=False``): each micro-batch's loss is already
+    its sum over the batch's tokens divided by all of them, so the sum over micro-batches is the
+    batch's mean, as without a pipeline."""
+
+    def __init__(self, stages: list[Any], schedule: str, microbatches: int) -> None:
+        from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+        cls = get_schedule_class(schedule)
+        single = issubclass(cls, PipelineScheduleSingle)
+        self.stages = stages
+        self.num_microbatches = microbatches
+        self.impl = cls(
+            stages[0] if single else stages,
+            n_microbatches=microbatches,
+            loss_fn=_output_is_the_loss,
+            scale_grads=False,
+        )
+
+    @cached_property
+    def has_first_stage(self) -> bool:
+        """This rank holds the stage with the embedding."""
+        return any(stage.is_first for stage in self.stages)
+
+    @cached_property
+    def has_last_stage(self) -> bool:
+        """This rank holds the stage with the output head."""
+        return any(stage.is_last for stage in self.stages)
+
+    def step(self, input_ids: torch.Tensor, target: torch.Tensor | None = None, **kwargs: Any) -> None:
+        """One optimizer step's forward and backward of every micro-batch through the stages;
+        ``kwargs`` (the labels, the loss divisor) reach every stage, split like the batch."""
+        args = (input_ids,) if self.has_first_stage else ()
+        self.impl.step(*args, target=target if self.has_last_stage else None, **kwargs)
+
+
+class PipelineTrainModule(TransformerPipelineTrainModule):
+    """OLMo-core's pipeline train module driving :class:`TorchSchedule`."""
+
+    def run_pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        """OLMo-core's, with the replicas' gradients averaged once after the schedule."""
+        from torch.distributed.fsdp import FSDPModule
+
+        replicas = [
+            m for m in self.model_parts if hasattr(m, "set_requires_gradient_sync") and not isinstance(m, FSDPModule)
+        ]
+        for part in replicas:
+            part.set_requires_gradient_sync(False)
+        out = super().run_pipeline(*args, **kwargs)
+        if replicas and self.dp_world_size > 1:
+            self._average_grads(replicas)
+        return out
+
+    def _average_grads(self, parts: list[Any]) -> None:
+        """Each part's gradients averaged over the data-parallel ranks, one all-reduce per part."""
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        for part in parts:
+            grads = [p.grad for p in part.parameters() if p.grad is not None]
+            if not grads:
+                continue
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.dp_process_group)
+            flat.div_(self.dp_world_size)
+            for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+                grad.copy_(synced)
+
+    def pre_train(self) -> None:
+        """Check the batch against the micro-batches and build the schedule (as OLMo-core does,
+        with torch's schedule)."""
+        dp = get_world_size(self.trainer.dp_process_group)
+        if self.trainer.global_batch_size % (self.rank_microbatch_size * dp):
+            raise OLMoConfigurationError(
+                f"global batch size ({self.trainer.global_batch_size:,d}) must be divisible by "
+                f"micro-batch size ({self.rank_microbatch_size:,d}) x DP world size ({dp})"
+            )
+        assert self._pp_stages is not None
+        microbatches = self.trainer.global_batch_size // dp // self.rank_microbatch_size
+        self._train_pp_schedule = TorchSchedule(self._pp_stages, self._pp_config.schedule.value, microbatches)
+
+    def reduce_send_recv(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's loss on every rank: the final stage's averaged over the data-parallel
+        ranks (as OLMo-core averages it), then broadcast over the pipeline group."""
+        if self.pp_group_rank == self.pp_final_stage_rank:
+            assert x is not None
+            x.div_(self._reduce_divide_factor)
+            dist.all_reduce(x, group=self.dp_process_group)
+            x.div_(self.dp_world_size)
+            x.mul_(self._reduce_divide_factor)
+        else:
+            x = torch.empty([], device=self.device)
+        dist.broadcast(x, group=self.pp_group, group_src=self.pp_final_stage_rank)
+        return x
+
+
+def build_pipeline_train_module(config: Any, model: Any) -> PipelineTrainModule:
+    """:class:`PipelineTrainModule` from OLMo-core's ``TransformerTrainModuleConfig`` (with its
+    ``pp_config``), its fields converted as the config's own ``build`` converts them."""
+    kwargs = config.as_dict(exclude_none=True, recurse=False)
+    if (autocast := kwargs.pop("autocast_precision", None)) is not None:
+        kwargs["autocast_precision"] = autocast.as_pt()
+    assert "state_dict_save_opts" not in kwargs and "state_dict_load_opts" not in kwargs  # olmx sets neither
+    return PipelineTrainModule(model=model, **kwargs)

@@ -1,0 +1,125 @@
+"""Pipeline parallelism (``parallel=[...,pp]``): the plan (stages, micro-batches, bubble, memory
+per stage, refusals) and training on gloo processes equal to one process, resumed across a change
+of pipeline degree both ways."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import datetime
+
+import pytest
+
+from olmx.errors import ConfigError
+from olmx.plan.resolve import estimate_run, plan_from_overrides
+from olmx.registry import registry
+from olmx_plugins.parallel.pp import bubble, in_flight
+from tests.conftest import olmx_cli
+from tests.plugins.parallel.parity import losses
+
+#: 4 blocks (so that the interleaved schedules have 2 stages per rank at degree 2), 8 steps, a
+#: checkpoint every 2; no evaluation (OLMo-core's pipeline train module has no forward-only pass).
+RUN = [
+    "trainer.report=false",
+    "model.d_model=64",
+    "model.n_layers=4",
+    "model.hidden_size=256",
+    "data.seq_len=64",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=2",
+    "trainer.max_steps=8",
+    "trainer.save_interval=2",
+    "trainer.warmup_steps=2",
+    "eval.interval=0",
+]
+PP = ["parallel=[ddp,pp]"]
+
+
+def plan_for(*overrides: str):
+    return plan_from_overrides([*RUN, *overrides], registry(), now=datetime(2026, 1, 2, 3, 4, 5))
+
+
+def test_the_plan_splits_the_blocks_and_counts_one_stage_per_rank():
+    one, pp = plan_for("infra.nproc_per_node=1", "parallel=[]"), plan_for(*PP)
+    assert pp.mesh.dims() == {"dp": 1, "pp": 2}
+    rows = dict(pp.sections["parallel.pp"])
+    assert rows["stages"].startswith("4 (2 per rank, Interleaved1F1B) of ~1 blocks")
+    assert rows["micro-batches"].startswith("4 per pipeline per step")  # 8 / (1 dp rank x 2)
+    reg = registry()
+    e_one, e_pp = estimate_run(one.run, one.world, reg).est, estimate_run(pp.run, pp.world, reg).est
+    # A rank holds half the blocks and one of the two vocab x d matrices (embedding or head).
+    v, d = pp.vocab_size, 64
+    assert e_pp.params == 4 * ((pp.params.total - 2 * v * d) // 2 + v * d)
+    assert e_pp.optimizer == 2 * e_pp.params < e_one.optimizer
+    # Interleaved 1F1B at degree 2 keeps 2 (degree - 1) + degree + 1 = 5 chunks of 1 block: 3
+    # stages' worth (2 blocks each) of a micro-batch's activations.
+    assert e_pp.inflight == in_flight("Interleaved1F1B", 2, 4) == 3
+
+
+def test_schedules_their_bubbles_and_what_they_keep():
+    assert bubble("1F1B", 4, 8) == pytest.approx(3 / 11)
+    assert bubble("Interleaved1F1B", 4, 8) == pytest.approx(3 / 19)  # 2 stages per rank halve it
+    assert [in_flight("1F1B", 4, m) for m in (2, 8)] == [2, 4]
+    assert in_flight("GPipe", 4, 8) == 8  # every forward before any backward
+    # The time model stretches the step by the bubble on a GPU.
+    h100 = ["infra=runpod", "infra.gpu_type=NVIDIA H100 80GB HBM3", "infra.gpus_per_node=8"]
+    plan = plan_for(*h100, *PP, "parallel.pp.degree=4", "parallel.pp.schedule=1F1B", "trainer.global_batch_size=32")
+    assert "with 27% of it idle (pipeline bubble)" in dict(plan.sections["time"])["step time"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "match"),
+    [
+        (["eval.interval=4"], "eval.interval", "has no forward-only pass"),
+        (["trainer.global_batch_size=2"], "trainer.global_batch_size", "1 micro-batch.* fewer than its 2 stages"),
+        (
+            ["parallel.pp.degree=4", "infra.nproc_per_node=4", "model.n_layers=2"],
+            "parallel.pp.degree",
+            "1F1B .* 4 stages",
+        ),
+        (["parallel.pp.schedule=Interleaved1F1B", "model.n_layers=2"], "parallel.pp.schedule", "4 stages .* more than"),
+        (["parallel=[fsdp,tp,pp]", "infra.nproc_per_node=4"], "parallel.pp", "with tensor parallelism"),
+        (["parallel=[ddp,ulysses,pp]", "infra.nproc_per_node=4"], "parallel.pp", "with context parallelism"),
+        (["layers=[engram]", "layers.engram.layer_ids=[1]"], "layers.engram", "does not support pipeline"),
+    ],
+)
+def test_refusals_name_the_field(overrides, field, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        plan_for(*PP, *overrides)
+    assert err.value.field == field
+
+
+def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
+    """One process to step 2; from its checkpoint, pipelines of degree 2 (1F1B and GPipe on 2
+    processes, Interleaved1F1B under ddp 2 x pp 2 on 4) train steps 3-8 with the losses of one
+    process; the 1F1B pipeline's step-4 checkpoint resumes on one process to the same losses."""
+    ref, cache = tmp_path / "ref", {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
+    one = ["infra.nproc_per_node=1", "parallel=[]"]
+
+    def train(run, *overrides):
+        proc = olmx_cli("train", *RUN, f"trainer.run_dir={run}", *overrides, env=cache)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return losses(run)
+
+    start = train(tmp_path / "start", *one, "trainer.stop_at_step=2")
+    assert len(start) == 2
+    variants = {
+        "1F1B": (PP, "parallel.pp.schedule=1F1B"),
+        "GPipe": (PP, "parallel.pp.schedule=GPipe"),
+        "ddp2 x Interleaved1F1B": (PP, "infra.nproc_per_node=4"),
+    }
+    for name in variants:
+        shutil.copytree(tmp_path / "start", tmp_path / name)
+    shutil.copytree(tmp_path / "start", ref)
+    want = train(ref, *one)
+    for name, (parallel, extra) in variants.items():
+        got = train(tmp_path / name, *parallel, extra)
+        assert got[2:] == pytest.approx(want[2:], abs=1e-5), name
+    # Back to one process from the pipeline's own checkpoint (written by 2 stages).
+    back = tmp_path / "back"
+    shutil.copytree(tmp_path / "1F1B", back)
+    for step in (6, 8):
+        shutil.rmtree(back / "checkpoints" / f"step{step}")
+    (back / "metrics.jsonl").write_text(
+        "".join(line + "\n" for line in (back / "metrics.jsonl").read_text().splitlines()[:4])
+    )
+    assert train(back, *one)[4:] == pytest.approx(want[4:], abs=1e-5)
