@@ -88,9 +88,11 @@ def keep_gathered_callback() -> Any:
 
     class KeepGathered(Callback):
         def pre_train(self) -> None:
-            for module in self.trainer.train_module.model.modules():
-                if isinstance(module, FSDPModule):
-                    module.set_reshard_after_forward(False, recurse=False)
+            module = self.trainer.train_module
+            for part in getattr(module, "model_parts", None) or [module.model]:  # a pipeline's stages
+                for sub in part.modules():
+                    if isinstance(sub, FSDPModule):
+                        sub.set_reshard_after_forward(False, recurse=False)
 
     return KeepGathered()
 
