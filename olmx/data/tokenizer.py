@@ -282,7 +282,7 @@ def resolve_tokenizer(run: RunConfig, *, files_here: bool = True) -> RunConfig:
     if not tok.path and tok.name in OLMO_CORE_TOKENIZERS:
         found = packaged_tokenizer(tok.name)
         if found is None and run.data.name != "numpy":  # pre-tokenized data may carry the name as a label
-            named_tokenizer(tok.name, field="data.tokenizer")
+            named_tokenizer(tok.name, field="data.tokenizer.name")
         if found is not None:
             tok = dataclasses.replace(tok, path=str(found))
             run = dataclasses.replace(run, data=dataclasses.replace(run.data, tokenizer=tok))

@@ -119,7 +119,7 @@ def test_a_named_tokenizer_no_package_carries_is_refused_for_text_and_a_label_fo
     base = ["infra.nproc_per_node=1", "parallel=[]", "data.tokenizer=dolma2"]
     with pytest.raises(ConfigError, match="no package olmx knows carries OLMo-core's tokenizer 'dolma2'") as err:
         plan_from_overrides([*base, "data=text", f"data.paths=[{__file__}]"], registry())
-    assert err.value.field == "data.tokenizer"
+    assert err.value.field == "data.tokenizer.name"
     ids = tmp_path / "ids.npy"
     import numpy as np
 
