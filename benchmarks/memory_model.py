@@ -173,6 +173,32 @@ CASES = [
         [*procs(1), *MID, *MOE, *batch(512, 4), "trainer.activation_checkpointing=full"],
         False,
     ),
+    # held out: pipeline stages (half the blocks, one vocab matrix) and the micro-batches their
+    # schedule keeps in flight (1F1B: as many as stages; GPipe: all 4)
+    Case(
+        "2 proc ddp x pp 2 1F1B, 17M, 4 micro x 512",
+        [
+            *procs(2),
+            "parallel=[ddp,pp]",
+            "parallel.pp.schedule=1F1B",
+            *MID,
+            *batch(512, 2),
+            "trainer.global_batch_size=8",
+        ],
+        False,
+    ),
+    Case(
+        "2 proc ddp x pp 2 GPipe, 17M, 4 micro x 512",
+        [
+            *procs(2),
+            "parallel=[ddp,pp]",
+            "parallel.pp.schedule=GPipe",
+            *MID,
+            *batch(512, 2),
+            "trainer.global_batch_size=8",
+        ],
+        False,
+    ),
     Case(
         "2 proc DDP, Engram sharded 1d",
         [*procs(2), "parallel=[ddp]", *MID, *ENGRAM, "layers.engram.sharding=1d", *batch(512, 4, 2)],
