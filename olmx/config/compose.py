@@ -178,8 +178,13 @@ def _config_error(exc: Exception, reg: Registry) -> ConfigError:
     override = re.search(r"Could not override '([^']+)'", text)
     if override:
         key = override.group(1)
-        return _plugin_key_error(key, reg) or ConfigError(
-            key, f"no such key; to add a new key write +{key}=VALUE (see olmx train --dry-run for the keys)"
+        missing = str(getattr(exc.__cause__, "full_key", "") or "")  # the first level Hydra did not find
+        return (
+            _plugin_key_error(key, reg, missing=missing)
+            or _schema_key_error(key)
+            or ConfigError(
+                key, f"no such key; to add a new key write +{key}=VALUE (see olmx train --dry-run for the keys)"
+            )
         )
     appended = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
     if appended:
@@ -193,10 +198,12 @@ def _config_error(exc: Exception, reg: Registry) -> ConfigError:
     return ConfigError(key.group(1) if key else "overrides", first)
 
 
-def _plugin_key_error(key: str, reg: Registry) -> ConfigError | None:
+def _plugin_key_error(key: str, reg: Registry, *, missing: str = "") -> ConfigError | None:
     """Why ``key`` under a plugin group cannot be set (None: not a plugin group): a key the
-    plugin does not have (listing those it has), a plugin that is not selected, or the nested
-    spelling of a single-choice group (``precision.mxfp8.emulate``: ``precision.emulate``)."""
+    plugin does not have (listing those it has, and saying when the plugin is not selected
+    either: ``missing``, the first level of ``key`` the composed config lacks, is the plugin's
+    section), a plugin that is not selected, or the nested spelling of a single-choice group
+    (``precision.mxfp8.emulate``: ``precision.emulate``)."""
     group, _, rest = key.partition(".")
     kind = next((k for k, g in CONFIG_GROUPS.items() if g == group), None)
     if kind is None or not rest:
@@ -214,8 +221,28 @@ def _plugin_key_error(key: str, reg: Registry) -> ConfigError | None:
         return ConfigError(key, f"no plugin '{name}' in {group}; installed: {', '.join(names) or 'none'}")
     allowed = _field_names(reg, kind, name)
     if field.partition(".")[0] not in allowed:
-        return ConfigError(key, f"unknown key of {group}.{name}; allowed: {', '.join(allowed)}")
+        unselected = f"; {name} is not selected either: {group}=[...,{name}]" if missing == f"{group}.{name}" else ""
+        return ConfigError(key, f"unknown key of {group}.{name}; allowed: {', '.join(allowed)}{unselected}")
     return ConfigError(key, f"{name} is not selected; add it: {group}=[...,{name}]")
+
+
+def _schema_key_error(key: str) -> ConfigError | None:
+    """A key the run's typed sections do not have (``trainer.lrr``): the keys the section has.
+    None where the key is under no typed section (``+extra.note=...`` adds such keys)."""
+    section: Any = RunConfig
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(section)}
+        if part not in fields:
+            if depth == 0:
+                return None
+            where = ".".join(parts[:depth])
+            return ConfigError(key, f"unknown key of {where}; allowed: {', '.join(fields)}")
+        default = fields[part].default_factory() if callable(fields[part].default_factory) else fields[part].default
+        if not dataclasses.is_dataclass(default):
+            return None
+        section = type(default)
+    return None
 
 
 def _field_names(reg: Registry, kind: str, name: str) -> list[str]:

@@ -50,7 +50,12 @@ replicated and sharded tables). The terms were chosen on 12 of them (measured / 
 0.92-1.02; two of those 12 were held out first and missed, 0.87 with ``long_context`` and 0.71
 with FSDP over Ulysses, which led to the ``long_context`` recount and the ``dp_shard x cp``
 sharding) and predict the 9 others at 0.91-1.12 (the worst: MoE under full checkpointing,
-whose recomputed block is an MoE block, 1.12). The norms' float32 copies were found later, by
+whose recomputed block is an MoE block, 1.12). Two pipeline rows added later (2 processes,
+ddp x pp 2, 4 micro-batches a step) are predicted too: 0.99 under 1F1B (2 in flight), 0.96 under
+GPipe (4 in flight). Under pipeline parallelism a process holds its stage, ``ceil(blocks / pp)``
+blocks and one vocab x d matrix, and keeps its blocks' activations of every micro-batch the
+schedule has in flight (:attr:`~olmx.api.Contribution.microbatches_in_flight`). The norms'
+float32 copies were found later, by
 ``tests/test_layouts_at_scale.py`` (OLMo 3 with QK-norm in bf16 under FSDP at 64 ranks measured
 1.26-1.29x the estimate without them, 1.02-1.06x with them). Not measured on a GPU yet: the script measures
 ``torch.cuda.max_memory_allocated`` where CUDA is present (``MEMORY_MODEL=1

@@ -72,7 +72,14 @@ def test_plugin_sections_are_typed_by_the_plugin_config():
     ("overrides", "field", "text"),
     [
         (["model=nope"], "model", "unknown option 'nope'; allowed: "),
-        (["trainer.stepz=5"], "trainer.stepz", "no such key"),
+        (["trainer.stepz=5"], "trainer.stepz", "unknown key of trainer; allowed: max_steps"),
+        (["foo.bar=1"], "foo.bar", "no such key; to add a new key write +foo.bar=VALUE"),
+        (
+            ["parallel.fsdp.wrap=x"],
+            "parallel.fsdp.wrap",
+            "allowed: wrapping_strategy, prefetch_factor; fsdp is not selected either",
+        ),
+        (["data.tokenizer.nmae=x"], "data.tokenizer.nmae", "unknown key of data.tokenizer; allowed: name, vocab_size"),
         (["trainer.max_steps=abc"], "trainer.max_steps", "abc"),
         (["parallel=[zero3]"], "parallel", "unknown option 'zero3'"),
         (["+trainer.max_steps=5"], "trainer.max_steps", "already exists"),
