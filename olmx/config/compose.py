@@ -178,9 +178,9 @@ def _config_error(exc: Exception, reg: Registry) -> ConfigError:
     override = re.search(r"Could not override '([^']+)'", text)
     if override:
         key = override.group(1)
-        missing = str(getattr(exc.__cause__, "full_key", "") or "")  # the first level Hydra did not find
+        absent = str(getattr(exc.__cause__, "full_key", "") or "")  # the first level Hydra did not find
         return (
-            _plugin_key_error(key, reg, missing=missing)
+            _plugin_key_error(key, reg, missing=absent)
             or _schema_key_error(key)
             or ConfigError(
                 key, f"no such key; to add a new key write +{key}=VALUE (see olmx train --dry-run for the keys)"
@@ -238,7 +238,8 @@ def _schema_key_error(key: str) -> ConfigError | None:
                 return None
             where = ".".join(parts[:depth])
             return ConfigError(key, f"unknown key of {where}; allowed: {', '.join(fields)}")
-        default = fields[part].default_factory() if callable(fields[part].default_factory) else fields[part].default
+        f = fields[part]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if not dataclasses.is_dataclass(default):
             return None
         section = type(default)
