@@ -123,3 +123,21 @@ def test_training_with_it_changes_the_model_and_trains_its_scales(env, tmp_path)
         "optim.param_groups.blocks.1.attention.w_q.weight.weight_decay": 0.1,
     }
     assert checkpoint(tmp_path / "base", ".scale") == {}
+
+
+@pytest.mark.dist
+def test_it_composes_with_moe_under_fsdp(env, tmp_path):
+    """A plugin author's trial: the residual-scaling layer beside the MoE layer, listed first
+    (the layers' ``order`` applies MoE's blocks first), under FSDP on 2 processes. MoE's blocks
+    are built from OLMo-core's residual streams, so the scales land in them and train."""
+    import torch
+
+    run = tmp_path / "moe"
+    steps = ["trainer.max_steps=4", "trainer.save_interval=100", "parallel=[fsdp]", "trainer.micro_batch_size=2"]
+    moe = ["layers.moe.num_experts=4", "layers.moe.top_k=2", "layers.moe.hidden_size=128"]
+    recs = train(run, env, *steps, "layers=[layerscale,moe]", *moe)
+    assert losses(recs)[-1] < losses(recs)[0]
+    saved = checkpoint(run, ".scale")
+    names = [f"model.blocks.{i}.{b}_residual_stream.scale" for i in (0, 1) for b in ("attention", "feed_forward")]
+    assert sorted(k for k in saved if k.startswith("model.")) == names
+    assert all(not torch.equal(saved[n], torch.full((64,), 0.1)) for n in names)  # trained from init 0.1

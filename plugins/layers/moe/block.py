@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
-import torch.nn as nn
 from olmo_core.config import Config, DType
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.buffer_cache import BufferCache
+from olmo_core.nn.residual_stream import ResidualStream
 from olmo_core.nn.transformer.block import TransformerBlockBase
 from olmo_core.nn.transformer.config import (
     TransformerBlockConfig,
@@ -307,8 +307,11 @@ class MoEBlock(TransformerBlockBase):
         self.attention_norm = config.layer_norm.build(d_model, init_device=init_device)
         self.moe = moe
         self.feed_forward_norm = config.layer_norm.build(d_model, init_device=init_device)
-        dropout = config.dropout or 0.0
-        self.dropout = nn.Dropout(dropout) if dropout > 0.0 else nn.Identity()
+        # OLMo-core's residual streams, as its own blocks have them: a layer that edits a block's
+        # residual branches (``attention_residual_stream``, ``feed_forward_residual_stream``)
+        # finds them in an MoE block too. Parameter-free: the state dict is unchanged.
+        self.attention_residual_stream = ResidualStream(dropout=config.dropout or 0.0)
+        self.feed_forward_residual_stream = ResidualStream(dropout=config.dropout or 0.0)
 
     def forward(
         self,
@@ -318,11 +321,12 @@ class MoEBlock(TransformerBlockBase):
         **kwargs,
     ) -> torch.Tensor:
         """Apply the block to ``x`` (``[batch, seq, d_model]``); ``kwargs`` go to the attention."""
+        attn, ff = self.attention_residual_stream, self.feed_forward_residual_stream
         if self.reordered_norm:
-            h = x + self.dropout(self.attention_norm(self.attention(x, **kwargs)))
-            return h + self.dropout(self.feed_forward_norm(self.moe(h, loss_div_factor=loss_div_factor)))
-        h = x + self.dropout(self.attention(self.attention_norm(x), **kwargs))
-        return h + self.dropout(self.moe(self.feed_forward_norm(h), loss_div_factor=loss_div_factor))
+            h = attn(x, self.attention_norm(self.attention(x, **kwargs)))
+            return ff(h, self.feed_forward_norm(self.moe(h, loss_div_factor=loss_div_factor)))
+        h = attn(x, self.attention(self.attention_norm(x), **kwargs))
+        return ff(h, self.moe(self.feed_forward_norm(h), loss_div_factor=loss_div_factor))
 
     def apply_tp(self, tp_mesh: DeviceMesh, *, input_layout: Placement, float8_enabled: bool = False):
         """Not supported: the portable MoE block has no tensor-parallel plan."""
