@@ -1,5 +1,8 @@
 """Shared machinery of the data-parallel strategies (``ddp``, ``ddp_ep``, ``fsdp``, ``hsdp``).
 
+The distributed optimizer of ``ddp`` and ``ddp_ep`` (ZeRO-2) is FSDP2 kept gathered from the
+forward to the backward: :func:`keep_gathered_callback`.
+
 Each strategy lays out the data-parallel ranks (:meth:`olmx.api.ParallelPlugin.layout`) and
 fills OLMo-core's ``TransformerDataParallelConfig`` (the train module's ``dp_config``); the
 device mesh is OLMo-core's. The core sets the config's parameter / reduce dtypes from the
@@ -48,6 +51,24 @@ class DataParallelStrategy(ParallelPlugin):
         train_module["dp_config"] = TransformerDataParallelConfig(
             name=DataParallelType(self._dp_type), **self.dp_config_kwargs(cfg, plan)
         )
+
+
+def keep_gathered_callback() -> Any:
+    """An OLMo-core callback that, before the first step, turns ``reshard_after_forward`` off on
+    every FSDP2 module of the wrapped model (OLMo-core 3.0.0's ``apply_fsdp`` turns it on for
+    the blocks and offers no setting)."""
+    from olmo_core.train.callbacks import Callback
+    from torch.distributed.fsdp import FSDPModule
+
+    class KeepGathered(Callback):
+        def pre_train(self) -> None:
+            module = self.trainer.train_module
+            for part in getattr(module, "model_parts", None) or [module.model]:  # a pipeline's stages
+                for sub in part.modules():
+                    if isinstance(sub, FSDPModule):
+                        sub.set_reshard_after_forward(False, recurse=False)
+
+    return KeepGathered()
 
 
 WRAPPING = ("full", "blocks", "fine_grained")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from olmx.api import Context, Contribution, Layout, World, setting
-from olmx_plugins.parallel.data_parallel import DataParallelStrategy
+from olmx_plugins.parallel.data_parallel import DataParallelStrategy, keep_gathered_callback
 
 
 @dataclass
@@ -77,24 +77,6 @@ class DistributedDataParallel(DataParallelStrategy):
     def callbacks(self, cfg: DDPConfig, plan: Any) -> dict[str, Any]:
         """For the distributed optimizer: the callback that keeps parameters gathered."""
         return {"olmx_zero2": keep_gathered_callback()} if cfg.distributed_optimizer else {}
-
-
-def keep_gathered_callback() -> Any:
-    """An OLMo-core callback that, before the first step, turns ``reshard_after_forward`` off on
-    every FSDP2 module of the wrapped model (OLMo-core 3.0.0's ``apply_fsdp`` turns it on for
-    the blocks and offers no setting)."""
-    from olmo_core.train.callbacks import Callback
-    from torch.distributed.fsdp import FSDPModule
-
-    class KeepGathered(Callback):
-        def pre_train(self) -> None:
-            module = self.trainer.train_module
-            for part in getattr(module, "model_parts", None) or [module.model]:  # a pipeline's stages
-                for sub in part.modules():
-                    if isinstance(sub, FSDPModule):
-                        sub.set_reshard_after_forward(False, recurse=False)
-
-    return KeepGathered()
 
 
 DDP = DistributedDataParallel(

@@ -141,3 +141,34 @@ def test_training_with_the_distributed_optimizer_equals_one_process(tmp_path):
     done = olmx_cli("train", *SMALL, *one, f"trainer.run_dir={tmp_path / 'resumed'}", env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert losses(tmp_path / "resumed") == pytest.approx(reference, rel=1e-5, abs=1e-6)
+
+
+MOE = ["layers=[moe]", "layers.moe.num_experts=4", "layers.moe.top_k=2", "layers.moe.hidden_size=128"]
+
+
+def test_under_expert_parallel_the_plan_shards_the_dense_optimizer_state():
+    """``ddp_ep`` with the distributed optimizer, 4 processes: every parameter's optimizer state
+    a quarter per rank (plain ``ddp_ep`` shards only the experts, over 2 x 2 ranks, and
+    replicates the dense part)."""
+    four = ["infra.nproc_per_node=4", "trainer.micro_batch_size=4", "parallel=[ddp_ep]", *MOE]
+    plain, zero2 = plan_for(*four), plan_for(*four, "parallel.ddp_ep.distributed_optimizer=true")
+    assert zero2.mesh.dims() == {"dp": 4, "ep": 2} and zero2.mesh.shards_params and not zero2.mesh.reshard_after_forward
+    assert dict(zero2.sections["parallel.ddp_ep"])["layout"].startswith("distributed optimizer (ZeRO-2)")
+    e_plain, e_z2 = (estimate_run(p.run, p.world, registry()).est for p in (plain, zero2))
+    assert e_z2.optimizer == 8 * zero2.params.total // 4 < e_plain.optimizer
+
+
+@pytest.mark.dist
+def test_under_expert_parallel_the_distributed_optimizer_steps_as_replicas_do(tmp_path):
+    """2 processes of ``ddp_ep`` (experts over 2 ranks) with and without the distributed
+    optimizer for the dense part: the same 6 losses (within 1e-5)."""
+    env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
+    runs = {"ddp_ep": [], "zero2": ["parallel.ddp_ep.distributed_optimizer=true"]}
+    for name, overrides in runs.items():
+        done = olmx_cli(
+            "train", *SMALL, "parallel=[ddp_ep]", *MOE, *overrides, f"trainer.run_dir={tmp_path / name}", env=env
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    reference = losses(tmp_path / "ddp_ep")
+    assert len(reference) == 6 and reference[-1] < reference[0] - 0.3
+    assert losses(tmp_path / "zero2") == pytest.approx(reference, rel=1e-5, abs=1e-6)
