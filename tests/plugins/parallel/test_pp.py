@@ -18,6 +18,8 @@ from tests.plugins.parallel.parity import losses
 
 #: 4 blocks (so that the interleaved schedules have 2 stages per rank at degree 2), 8 steps, a
 #: checkpoint every 2; no evaluation (OLMo-core's pipeline train module has no forward-only pass).
+#: The training test makes blocks 1 and 3 MoE blocks (:data:`MOE`): each stage holds a dense
+#: block and an MoE block.
 RUN = [
     "trainer.report=false",
     "model.d_model=64",
@@ -32,6 +34,7 @@ RUN = [
     "eval.interval=0",
 ]
 PP = ["parallel=[ddp,pp]"]
+MOE = ["layers=[moe]", "layers.moe.every=2", "layers.moe.num_experts=4", "layers.moe.hidden_size=128"]
 
 
 def plan_for(*overrides: str):
@@ -89,15 +92,16 @@ def test_refusals_name_the_field(overrides, field, match):
 
 
 def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
-    """One process to step 2; from its checkpoint, pipelines of degree 2 (1F1B on 2 processes,
-    Interleaved1F1B under ddp 2 x pp 2 on 4) train steps 3-8 with the losses of one process;
-    the 1F1B pipeline's step-4 checkpoint resumes on one process to the same losses. (GPipe and
-    ZeRO-2 x pp were checked by hand the same way.)"""
+    """A model of dense and MoE blocks. One process to step 2; from its checkpoint, pipelines of
+    degree 2 (1F1B on 2 processes, Interleaved1F1B under ddp 2 x pp 2 on 4) train steps 3-8 with
+    the losses of one process (within 2e-5 relative, as tests/test_training.py compares layouts:
+    9e-6 under ddp 2, 0 at dp 1); the 1F1B pipeline's step-4 checkpoint resumes on one process to the same
+    losses. (GPipe and ZeRO-2 x pp, dense, were checked by hand the same way.)"""
     ref, cache = tmp_path / "ref", {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
     one = ["infra.nproc_per_node=1", "parallel=[]"]
 
     def train(run, *overrides):
-        proc = olmx_cli("train", *RUN, f"trainer.run_dir={run}", *overrides, env=cache)
+        proc = olmx_cli("train", *RUN, *MOE, f"trainer.run_dir={run}", *overrides, env=cache)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return losses(run)
 
@@ -113,7 +117,7 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     want = train(ref, *one)
     for name, (parallel, extra) in variants.items():
         got = train(tmp_path / name, *parallel, extra)
-        assert got[2:] == pytest.approx(want[2:], abs=1e-5), name
+        assert got[2:] == pytest.approx(want[2:], rel=2e-5), name
     # Back to one process from the pipeline's own checkpoint (written by 2 stages).
     back = tmp_path / "back"
     shutil.copytree(tmp_path / "1F1B", back)
@@ -122,4 +126,4 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     (back / "metrics.jsonl").write_text(
         "".join(line + "\n" for line in (back / "metrics.jsonl").read_text().splitlines()[:4])
     )
-    assert train(back, *one)[4:] == pytest.approx(want[4:], abs=1e-5)
+    assert train(back, *one)[4:] == pytest.approx(want[4:], rel=2e-5)
