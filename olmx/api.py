@@ -182,10 +182,12 @@ PARALLEL_CAPABILITIES: dict[str, str] = {
     "shard": "data parallel: parameters, gradients and optimizer state sharded over all data-parallel ranks",
     "sequence": "sequence parallel: each sequence split over a group of ranks (claims cp)",
     "tensor": "tensor parallel: each block's weight matrices sliced over a group of ranks (claims tp)",
+    "pipeline": "pipeline parallel: the blocks split into consecutive stages over groups of ranks (claims pp)",
 }
 #: The kinds of :data:`PARALLEL_CAPABILITIES` a strategy adds to a data-parallel one (the others
-#: are data-parallel kinds); ``parallel=auto`` adds at most one of them, sequence before tensor.
-ADD_ON_CAPABILITIES: tuple[str, ...] = ("sequence", "tensor")
+#: are data-parallel kinds); ``parallel=auto`` adds at most one of them, sequence before tensor
+#: before pipeline.
+ADD_ON_CAPABILITIES: tuple[str, ...] = ("sequence", "tensor", "pipeline")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ with its reason). Cheapest means least modelled compute, then least communicatio
 1. activation checkpointing none < long_context < full (recompute costs FLOPs,
    :mod:`olmx.plan.throughput`; everything below costs none in that model);
 2. the layout: no add-on first, then the smallest sequence-parallel degree, then the smallest
-   tensor-parallel degree (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then the data-parallel kind
+   tensor-parallel degree, then the smallest pipeline degree
+   (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then the data-parallel kind
    in the order of :data:`~olmx.api.PARALLEL_CAPABILITIES` (replicate < experts < hybrid <
    shard; experts only with a layer that has experts, hybrid only over several nodes), then
    each plugin's own options in its order;
@@ -114,7 +115,8 @@ def parallel_options(run: RunConfig, world: World, reg: Any) -> list[ParallelOpt
         if plugin.data_parallel and kind in plugin.provides
         for i, (override, cfg) in enumerate(plugin.options(None, run, world))
     ]
-    # at most one add-on, in this order: none, each sequence-parallel option, each tensor-parallel one
+    # at most one add-on, in this order: none, each sequence-parallel option, each tensor-parallel
+    # one, each pipeline one
     add_ons: list[tuple[Any, str, Any]] = [(None, "", None)]
     add_ons += [
         (plugin, override, cfg)
@@ -233,8 +235,8 @@ def _rows(
     rows.append(
         (
             "order",
-            "least recompute, then no add-on, the smallest sequence- then tensor-parallel degree, least sharding, "
-            "largest micro-batch",
+            "least recompute, then no add-on, the smallest sequence-, tensor- then pipeline-parallel degree, "
+            "least sharding, largest micro-batch",
         )
     )
     return rows

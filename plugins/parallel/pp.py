@@ -80,6 +80,16 @@ class PipelineParallel(ParallelPlugin):
     description = __doc__.splitlines()[0]
     api = ">=2.0,<3"
     Config = PipelineParallelConfig
+    provides = ("pipeline",)
+
+    def options(self, cfg: PipelineParallelConfig | None, run: Any, world: World) -> list[tuple[str, Any]]:
+        """Under ``parallel=auto``: each degree from 2 up that divides the world and has a block
+        per stage, smallest first, with the default schedule (a pipeline's bubble and its
+        micro-batches in flight cost more than sharding: ``auto`` tries it last)."""
+        if cfg is not None:
+            return [("", cfg)]
+        degrees = [p for p in range(2, world.size + 1) if not world.size % p and p <= run.model.n_layers]
+        return [(f"parallel.pp.degree={p}", PipelineParallelConfig(degree=p)) for p in degrees]
 
     def claim(self, cfg: PipelineParallelConfig, run: Any, world: World) -> dict[str, int]:
         """Check the stages against the blocks; claim ``pp``."""

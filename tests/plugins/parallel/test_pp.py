@@ -69,6 +69,21 @@ def test_schedules_their_bubbles_and_what_they_keep():
     assert "with 27% of it idle (pipeline bubble)" in dict(plan.sections["time"])["step time"]
 
 
+def test_parallel_auto_tries_a_pipeline_after_every_other_add_on():
+    """``parallel=auto`` on 4 processes: pipelines of degree 2 and 4 are candidates, after the
+    layouts without an add-on and those with sequence or tensor parallelism."""
+    from olmx.config.compose import compose, to_object
+    from olmx.plan.auto import parallel_options
+
+    reg = registry()
+    run = to_object(compose([*RUN, "parallel=auto", "infra.nproc_per_node=4"], reg), reg)
+    world = reg.get("infra", run.infra_name).world(run.infra[run.infra_name])
+    names = [" ".join(o.overrides) for o in parallel_options(run, world, reg)]
+    pipelines = [i for i, n in enumerate(names) if ",pp]" in n]
+    assert pipelines and min(pipelines) > max(i for i, n in enumerate(names) if ",pp]" not in n)
+    assert any("parallel.pp.degree=4" in names[i] for i in pipelines)
+
+
 @pytest.mark.parametrize(
     ("overrides", "field", "match"),
     [
