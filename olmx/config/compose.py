@@ -31,9 +31,8 @@ def conf_dir() -> Path:
 
 
 def _defaults_of(config_cls: type) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.structured(config_cls))
+    """The defaults of a config dataclass as plain data (every field has one)."""
+    return dataclasses.asdict(config_cls())
 
 
 #: Sections whose keys are names the user chooses (``data.sources.web.paths=[...]``): open to

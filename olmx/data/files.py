@@ -88,13 +88,19 @@ def check_cache_dir(data: DataConfig) -> Path:
 
 
 def stdlib_files() -> list[Path]:
-    """The ``.py`` files of the running Python's standard library, in a stable order."""
+    """The ``.py`` files of the running Python's standard library, in a stable order (walked
+    once per process: the plan asks three times)."""
+    return list(_stdlib_files())
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_files() -> tuple[Path, ...]:
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = []
+    files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _NOT_STDLIB)
         files += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
-    return files
+    return tuple(files)
 
 
 def text_files(paths: list[str]) -> list[Path]:
