@@ -117,7 +117,7 @@ def _build_variant(overrides: list[str]):
     from olmx.plan.resolve import resolve
     from olmx.registry import registry
     from olmx.worker.model import build_model
-    from olmx.worker.train import train_module_kwargs
+    from olmx.worker.train import train_module_config
 
     reg = registry()
     run = to_object(compose(overrides, reg), reg)
@@ -126,7 +126,7 @@ def _build_variant(overrides: list[str]):
     torch.manual_seed(run.trainer.seed)
     model.init_weights(device=torch.device("cpu"), max_seq_len=plan.batch.seq_len)
     model.apply_ddp(dp_mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
-    optim = train_module_kwargs(plan, reg)["optim"].build(model)
+    optim = train_module_config(plan, reg).optim.build(model)
     if hasattr(model, "engram_inputs"):
         model.engram_inputs = _TimedInputs(model.engram_inputs)
     return model, optim, plan.batch.seq_len

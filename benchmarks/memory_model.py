@@ -234,9 +234,9 @@ if os.environ.get("OLMX_BENCH_COMPILE") == "1" and _worker:
     def _install():
         import olmx.worker.train as train
 
-        kwargs_of = train.train_module_kwargs
+        config_of = train.train_module_config
 
-        def train_module_kwargs(plan, reg):
+        def train_module_config(plan, reg, param_names=None):
             import olmo_core.train.train_module.transformer.common as common
             import torch
 
@@ -255,9 +255,11 @@ if os.environ.get("OLMX_BENCH_COMPILE") == "1" and _worker:
                     return getattr(torch, name)
 
             common.torch = Torch()  # parallelize_model's "if torch.cuda.is_available(): compile"
-            return {**kwargs_of(plan, reg), "compile_model": True}
+            config = config_of(plan, reg, param_names)
+            config.compile_model = True
+            return config
 
-        train.train_module_kwargs = train_module_kwargs
+        train.train_module_config = train_module_config
 
     _install()
 '''

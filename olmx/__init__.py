@@ -10,9 +10,13 @@ __all__ = ["__version__", "PLUGIN_API"]
 __version__ = "0.1.0"
 
 #: Version of the plugin contract in :mod:`olmx.api`. A plugin declares the range it
-#: supports (``api = ">=2.0,<3"``); the registry refuses a plugin whose range excludes this.
+#: supports (``api = ">=3.0,<4"``); the registry refuses a plugin whose range excludes this.
 #: 2.0: base classes with hooks as code, hooks get ``(cfg, plan)`` or ``(cfg, ctx)``, the mesh
 #: and dtypes as capabilities (docs/plugins.md). 2.1: typed ``Decisions``, the mesh's ``tp``
 #: and ``LayerPlugin.tensor_parallel``, the public surface (``olmx.api.PUBLIC_MODULES``), and
 #: a precision plugin's section flat like infra's (its YAML preset ``name: NAME`` plus fields).
-PLUGIN_API = "2.1"
+#: 3.0: ``apply_train_module(cfg, train_module, plan, param_names)`` gets and returns OLMo-core's
+#: ``TransformerTrainModuleConfig`` (it edited a dict of its keyword arguments) and sees the
+#: model's parameter names; the mesh's ``pp``, ``LayerPlugin.pipeline_parallel``, and
+#: ``Contribution.microbatches_in_flight`` / ``idle_fraction``.
+PLUGIN_API = "3.0"

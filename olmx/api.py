@@ -5,7 +5,7 @@ A plugin is one object, an instance of the base class of its kind (:class:`Layer
 :class:`TrackerPlugin`), found through an
 entry point in one of the groups of :data:`GROUPS`. It has a ``name`` (the entry-point name,
 the Hydra option name and the config key are the same string), a one-line ``description``,
-the plugin API range ``api`` it supports (a PEP 440 specifier such as ``">=2.0,<3"``,
+the plugin API range ``api`` it supports (a PEP 440 specifier such as ``">=3.0,<4"``,
 checked against :data:`olmx.PLUGIN_API`), a dataclass ``Config`` (its config schema, every
 field documented) and overrides of the hooks it needs. The registry checks a plugin against
 its base class when it loads it; the core calls the hooks directly.
@@ -501,9 +501,15 @@ class Plugin:
         """Check ``cfg`` against the run; plan rows, parameters and decisions. Default: nothing."""
         return Contribution()
 
-    def apply_train_module(self, cfg: Any, train_module: dict[str, Any], plan: Plan) -> None:
-        """Edit the keyword arguments of OLMo-core's ``TransformerTrainModuleConfig`` (in
-        :data:`KIND_ORDER`). Default: nothing."""
+    def apply_train_module(self, cfg: Any, train_module: Any, plan: Plan, param_names: tuple[str, ...]) -> Any:
+        """Return OLMo-core's ``TransformerTrainModuleConfig`` edited for this plugin (in
+        :data:`KIND_ORDER`), as :meth:`LayerPlugin.apply_model_config` returns the model's
+        config: the core's settings (optimizer, schedule) are in it, each plugin sets its part
+        (``dp_config``, ``tp_config``, an ``OptimGroupOverride`` on ``optim``...).
+        ``param_names`` are the built model's parameter names (``blocks.0.attention.w_q.weight``),
+        which an optimizer group's patterns are matched against: the core refuses a group this
+        plugin adds whose pattern matches none, naming the plugin. Default: unchanged."""
+        return train_module
 
     def callbacks(self, cfg: Any, plan: Plan) -> dict[str, Any]:
         """OLMo-core trainer callbacks this plugin adds (name -> ``Callback``). Default: none."""

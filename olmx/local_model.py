@@ -79,13 +79,12 @@ def load_model(plan: Any, reg: Any, ckpt: Path, *, keep_windows: bool = False) -
     (call inside :class:`one_process`); ``keep_windows``: every sliding window as configured
     (see :func:`olmx.worker.model.build_model`)."""
     from olmo_core.distributed.checkpoint import load_model_and_optim_state
-    from olmo_core.train.train_module import TransformerTrainModuleConfig
 
     from olmx.worker.model import build_model
-    from olmx.worker.train import train_module_kwargs
+    from olmx.worker.train import train_module_config
 
     model = build_model(plan, reg, keep_windows=keep_windows)
-    train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, reg)).build(model)
+    train_module = train_module_config(plan, reg).build(model)
     with tempfile.TemporaryDirectory(prefix="olmx-load-") as work:
         load_model_and_optim_state(str(ckpt / "model_and_optim"), train_module.model, work_dir=work)
     return train_module.model

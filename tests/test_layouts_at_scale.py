@@ -8,7 +8,7 @@ world sizes 8 and 64, the test plans the run as ``olmx train`` would for Slurm n
 group, OLMo-core's world mesh and the fake-tensor patches stay out of pytest's process) loads
 each plan as ``olmx run`` does and builds what it builds on a rank: ``build_model`` (layer,
 precision and parallel plugins; the MoE plugin's expert mesh) and OLMo-core's train module from
-``train_module_kwargs`` (world mesh, context parallelism, FSDP2 / DDP, weights, optimizer), on
+``train_module_config`` (world mesh, context parallelism, FSDP2 / DDP, weights, optimizer), on
 the CPU instead of CUDA (only ``world.device`` is swapped, for ``build_model``). Two ranks of each
 world are built: 0 and the last (whose FSDP shards are the short or empty ones). The tests then
 check what was built against the plan:
@@ -120,13 +120,12 @@ def _build(plan, reg, rank: int):
     import olmo_core.train.train_module.transformer.train_module as olmo_train_module
     import torch
     import torch.distributed as dist
-    from olmo_core.train.train_module import TransformerTrainModuleConfig
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.tensor import DTensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from olmx.worker.model import build_model
-    from olmx.worker.train import train_module_kwargs
+    from olmx.worker.train import train_module_config
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world.size)
     # DTensor caches sharding decisions by mesh equality: a mesh of the previous rank's world
@@ -136,15 +135,15 @@ def _build(plan, reg, rank: int):
     olmo_parallel._WORLD_MESH = None  # one world mesh per process otherwise
     here = replace(plan, world=replace(plan.world, device="cpu", device_name="cpu"))
     model = build_model(here, reg)  # on meta; the MoE plugin builds its expert mesh here
-    kwargs = train_module_kwargs(plan, reg)  # the GPU worker's (foreach AdamW)
+    config = train_module_config(plan, reg, [n for n, _ in model.named_parameters()])  # the GPU worker's
     # DeviceMesh reads its rank tensor (tolist), which fake tensors cannot: the world mesh is
     # built by OLMo-core's own function with the train module's arguments before the fake
     # mode, with the sub-meshes its parallelisation slices, and handed to the train module.
     mesh = olmo_parallel.build_world_mesh(
-        dp=kwargs.get("dp_config"), cp=kwargs.get("cp_config"), ep=kwargs.get("ep_config"), device_type="cpu"
+        dp=config.dp_config, cp=config.cp_config, ep=config.ep_config, device_type="cpu"
     )
     olmo_parallel.get_dp_model_mesh(mesh)
-    if kwargs.get("cp_config") is not None:
+    if config.cp_config is not None:
         olmo_parallel.get_cp_mesh(mesh)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with (
@@ -154,7 +153,7 @@ def _build(plan, reg, rank: int):
         mock.patch("olmx_plugins.layers.moe.modules._seeded_trunc_normal_", lambda *a, **k: None),
         mode,
     ):
-        train_module = TransformerTrainModuleConfig(**kwargs).build(model, device=torch.device("cpu"))
+        train_module = config.build(model, device=torch.device("cpu"))
     return train_module, mode
 
 

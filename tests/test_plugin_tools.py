@@ -146,7 +146,7 @@ def test_skeleton_is_a_complete_package(skeletons, kind):
         GROUPS[kind]: {f"my_{kind}": f"{module}.plugin:MY_{kind.upper()}"},
         "olmx.conf": {f"my_{kind}": f"{module}.conf"},
     }
-    assert f'api = ">={olmx.PLUGIN_API},<3"' in (path / module / "plugin.py").read_text()
+    assert f'api = ">={olmx.PLUGIN_API},<4"' in (path / module / "plugin.py").read_text()
 
 
 def test_skeletons_pass_their_own_tests_once_installed(skeletons):
@@ -239,7 +239,7 @@ LAYER = """
     class Thing(LayerPlugin):
         name = "thing"
         description = "A third-party layer."
-        api = ">=2.0,<3"
+        api = ">=3.0,<4"
         Config = Cfg
         def resolve(self, cfg, ctx): return Contribution(params=cfg.width)
         def apply_model_config(self, cfg, model_config, plan): return model_config
@@ -332,8 +332,8 @@ DEFECTS = {
         "Config must be a dataclass",
     ),
     "incompatible plugin API": (
-        dict(module=LAYER.replace('api = ">=2.0,<3"', 'api = ">=3.0"')),
-        f"olmx.layers:thing: plugin supports olmx plugin API '>=3.0', this olmx has {olmx.PLUGIN_API}",
+        dict(module=LAYER.replace('api = ">=3.0,<4"', 'api = ">=4.0"')),
+        f"olmx.layers:thing: plugin supports olmx plugin API '>=4.0', this olmx has {olmx.PLUGIN_API}",
     ),
     "clash with a first-party plugin": (
         dict(
@@ -429,7 +429,7 @@ def build_wheel(
 def test_check_reads_a_wheel_without_installing_it(tmp_path):
     assert check_plugin(str(build_wheel(tmp_path))) == []
     assert "thing_mod" not in sys.modules
-    broken = build_wheel(tmp_path, module=LAYER.replace('api = ">=2.0,<3"', 'api = "<1.0"'))
+    broken = build_wheel(tmp_path, module=LAYER.replace('api = ">=3.0,<4"', 'api = "<1.0"'))
     assert check_plugin(str(broken)) == [
         f"olmx.layers:thing: plugin supports olmx plugin API '<1.0', this olmx has {olmx.PLUGIN_API}"
     ]
@@ -453,7 +453,7 @@ def test_check_command_prints_a_table_and_sets_the_exit_code(tmp_path):
     proc = olmx_cli("plugins", "check", str(good))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "olmx plugins check: olmx-thing 0.1.0" in proc.stdout and "all checks passed" in proc.stdout
-    bad = write_package(tmp_path / "bad", module=LAYER.replace('api = ">=2.0,<3"', 'api = ">=3.0"'))
+    bad = write_package(tmp_path / "bad", module=LAYER.replace('api = ">=3.0,<4"', 'api = ">=4.0"'))
     proc = olmx_cli("plugins", "check", str(bad))
     assert proc.returncode == 1
     assert "FAIL" in proc.stdout and "1 problem(s); nothing was installed." in proc.stdout

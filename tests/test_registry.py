@@ -23,7 +23,7 @@ GOOD = """
     class Good(LayerPlugin):
         name = "good"
         description = "A good third-party layer."
-        api = ">=2.0,<3"
+        api = ">=3.0,<4"
         Config = Cfg
         def resolve(self, cfg, ctx): return Contribution(params=cfg.width)
         def apply_model_config(self, cfg, model_config, plan): return model_config
@@ -68,8 +68,8 @@ def test_listing_imports_no_plugin_module(plugin_site):
         ("import this_dependency_is_not_installed\n", "broken", "ModuleNotFoundError"),
         ("raise RuntimeError('boom at load')\n", "broken", "boom at load"),
         ("PLUGIN = 42\n", "broken", "missing attribute 'name'"),
-        (GOOD.replace('api = ">=2.0,<3"', 'api = ">=3.0"'), "incompatible", "supports olmx plugin API '>=3.0'"),
-        (GOOD.replace('api = ">=2.0,<3"', 'api = ">=1.0,<2"'), "incompatible", "supports olmx plugin API '>=1.0,<2'"),
+        (GOOD.replace('api = ">=3.0,<4"', 'api = ">=4.0"'), "incompatible", "supports olmx plugin API '>=4.0'"),
+        (GOOD.replace('api = ">=3.0,<4"', 'api = ">=1.0,<2"'), "incompatible", "supports olmx plugin API '>=1.0,<2'"),
         (GOOD.replace("class Good(LayerPlugin):", "class Good:"), "broken", "not an instance of olmx.api.LayerPlugin"),
         (
             GOOD.replace("def resolve(self, cfg, ctx)", "def resolve(self, cfg, run, world)"),
@@ -139,7 +139,7 @@ def test_an_infra_plugin_whose_commands_fail_leaves_provision_working(plugin_sit
         class Broken(InfraPlugin):
             name = "brokeninfra"
             description = "An infra target whose provision commands cannot be built."
-            api = ">=2.0,<3"
+            api = ">=3.0,<4"
             Config = Cfg
             def world(self, cfg): ...
             def dry_run(self, cfg, plan): return ""

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from typing import Any
 
+from olmx.errors import ConfigError
 from olmx.plan import Plan
 from olmx.rundir import RunDir
 
 
-def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
-    """Keyword arguments of OLMo-core's ``TransformerTrainModuleConfig``: the core's settings
-    (optimizer, schedule), every plugin's ``apply_train_module`` in
-    :data:`olmx.api.KIND_ORDER`, then the plan's dtypes on the ``dp_config`` they set."""
+def train_module_config(plan: Plan, reg: Any, param_names: Sequence[str] | None = None) -> Any:
+    """OLMo-core's ``TransformerTrainModuleConfig``: the core's settings (optimizer, schedule),
+    every plugin's ``apply_train_module`` in :data:`olmx.api.KIND_ORDER`, then the plan's dtypes
+    on the ``dp_config`` they set. ``param_names`` (the built model's) go to the plugins, and
+    every optimizer group a plugin adds must match one of them (None: not checked)."""
     from olmo_core.optim import (
         AdamWConfig,
         ConstantWithWarmup,
@@ -21,6 +24,7 @@ def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
         OptimGroupOverride,
         SkipStepAdamWConfig,
     )
+    from olmo_core.train.train_module import TransformerTrainModuleConfig
 
     from olmx.plan.resolve import plugins_in_order
 
@@ -55,25 +59,46 @@ def train_module_kwargs(plan: Plan, reg: Any) -> dict[str, Any]:
         kwargs["optim"].group_overrides = [OptimGroupOverride(params=["embeddings.weight"], opts={"weight_decay": 0.0})]
     if t.activation_checkpointing:
         kwargs["ac_config"] = activation_checkpointing_config(t.activation_checkpointing)
+    config = TransformerTrainModuleConfig(**kwargs)
+    names = tuple(param_names or ())
     for plugin, cfg in plugins_in_order(plan.run, reg):
-        plugin.apply_train_module(cfg, kwargs, plan)
-    apply_dtypes(plan, kwargs)  # the plan's dtypes, on whatever dp_config the parallel plugins set
-    return kwargs
+        before = len(config.optim.group_overrides or [])
+        config = plugin.apply_train_module(cfg, config, plan, names)
+        if param_names is not None:
+            check_group_overrides(plugin.section, (config.optim.group_overrides or [])[before:], names)
+    apply_dtypes(plan, config)  # the plan's dtypes, on whatever dp_config the parallel plugins set
+    return config
 
 
-def apply_dtypes(plan: Plan, kwargs: dict[str, Any]) -> None:
+def check_group_overrides(section: str, overrides: list[Any], names: tuple[str, ...]) -> None:
+    """Every parameter pattern of the optimizer groups a plugin added matches a parameter of the
+    model (OLMo-core would only warn at build time, or refuse a group left empty)."""
+    from fnmatch import fnmatch
+
+    for override in overrides:
+        for pattern in override.params:
+            if not any(fnmatch(name, pattern) for name in names):
+                example = ", ".join(names[:3])
+                raise ConfigError(
+                    section,
+                    f"its optimizer group pattern {pattern!r} matches no parameter of the model "
+                    f"({len(names)} parameters, e.g. {example})",
+                )
+
+
+def apply_dtypes(plan: Plan, config: Any) -> None:
     """The plan's :class:`olmx.api.Dtypes`: FSDP2's mixed-precision policy where the mesh
     shards parameters (float32 master shards, all-gathered in ``param``, gradients reduced in
     ``reduce``), ``torch.autocast`` over float32 parameters elsewhere (OLMo-core's DDP
     ``param_dtype`` would cast the master weights too)."""
     from olmo_core.config import DType
 
-    dp = kwargs.get("dp_config")
+    dp = config.dp_config
     if plan.mesh.shards_params and dp is not None:
         dp.param_dtype = DType(plan.dtypes.param)
         dp.reduce_dtype = DType(plan.dtypes.reduce)
     elif plan.dtypes.param != "float32":
-        kwargs["autocast_precision"] = DType(plan.dtypes.param)
+        config.autocast_precision = DType(plan.dtypes.param)
 
 
 #: ``trainer.activation_checkpointing=long_context``: the modules recomputed in backward, in
@@ -121,7 +146,6 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     from olmo_core.data import NumpyDataLoaderConfig
     from olmo_core.train import Duration, LoadStrategy, TrainerConfig
     from olmo_core.train.callbacks import CheckpointerCallback, ConsoleLoggerCallback
-    from olmo_core.train.train_module import TransformerTrainModuleConfig
 
     from olmx.data.splits import eval_on
     from olmx.worker.callbacks import OlmxMetricsCallback, OlmxSpeedMonitorCallback, profile_callbacks
@@ -131,13 +155,13 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
 
     run, rd = plan.run, RunDir(plan.run_dir)
     t, run_dir = run.trainer, rd.path
-    kwargs = train_module_kwargs(plan, reg)
-    if kwargs.get("pp_config") is not None:  # torch's pipeline schedules (olmx.worker.pipeline)
+    config = train_module_config(plan, reg, [name for name, _ in model.named_parameters()])
+    if config.pp_config is not None:  # torch's pipeline schedules (olmx.worker.pipeline)
         from olmx.worker.pipeline import build_pipeline_train_module
 
-        train_module = build_pipeline_train_module(TransformerTrainModuleConfig(**kwargs), model)
+        train_module = build_pipeline_train_module(config, model)
     else:
-        train_module = TransformerTrainModuleConfig(**kwargs).build(model)
+        train_module = config.build(model)
 
     # The training dataset never reads the held-out sequences the evaluator reads (olmx.data.splits).
     splits = data_split(plan)

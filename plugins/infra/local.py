@@ -63,7 +63,7 @@ class LocalInfra(InfraPlugin):
 
     name = "local"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = LocalConfig
 
     def world(self, cfg: LocalConfig) -> World:

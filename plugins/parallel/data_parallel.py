@@ -20,7 +20,7 @@ from olmx.api import Context, Contribution, Layout, ParallelPlugin, World, setti
 class DataParallelStrategy(ParallelPlugin):
     """A data-parallel strategy backed by OLMo-core's ``TransformerDataParallelConfig``."""
 
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     data_parallel = True
     provides = ("replicate",)
 
@@ -43,14 +43,15 @@ class DataParallelStrategy(ParallelPlugin):
         """Keyword arguments of ``TransformerDataParallelConfig`` beyond ``name``."""
         return {}
 
-    def apply_train_module(self, cfg: Any, train_module: dict[str, Any], plan: Any) -> None:
+    def apply_train_module(self, cfg: Any, train_module: Any, plan: Any, param_names: tuple[str, ...]) -> Any:
         """Set ``dp_config``."""
         from olmo_core.distributed.parallel import DataParallelType
         from olmo_core.train.train_module import TransformerDataParallelConfig
 
-        train_module["dp_config"] = TransformerDataParallelConfig(
+        train_module.dp_config = TransformerDataParallelConfig(
             name=DataParallelType(self._dp_type), **self.dp_config_kwargs(cfg, plan)
         )
+        return train_module
 
 
 def keep_gathered_callback() -> Any:

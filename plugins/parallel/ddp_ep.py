@@ -73,13 +73,14 @@ class DDPExpertParallel(DataParallelStrategy):
             rows=[("layout", layout), ("expert parallel", f"degree {ctx.mesh.ep}, {groups} replica group(s)")]
         )
 
-    def apply_train_module(self, cfg: DDPEPConfig, train_module: dict[str, Any], plan: Any) -> None:
+    def apply_train_module(self, cfg: DDPEPConfig, train_module: Any, plan: Any, param_names: tuple[str, ...]) -> Any:
         """OLMo-core's ``ddp`` config, or its ``fsdp`` config for the distributed optimizer."""
         from olmo_core.distributed.parallel import DataParallelType
         from olmo_core.train.train_module import TransformerDataParallelConfig
 
         dp_type = DataParallelType.fsdp if cfg.distributed_optimizer else DataParallelType.ddp
-        train_module["dp_config"] = TransformerDataParallelConfig(name=dp_type)
+        train_module.dp_config = TransformerDataParallelConfig(name=dp_type)
+        return train_module
 
     def callbacks(self, cfg: DDPEPConfig, plan: Any) -> dict[str, Any]:
         """For the distributed optimizer: the callback that keeps parameters gathered."""

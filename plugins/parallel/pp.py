@@ -78,7 +78,7 @@ class PipelineParallel(ParallelPlugin):
 
     name = "pp"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = PipelineParallelConfig
     provides = ("pipeline",)
 
@@ -145,13 +145,16 @@ class PipelineParallel(ParallelPlugin):
         ]
         return Contribution(rows=rows, microbatches_in_flight=kept, idle_fraction=idle)
 
-    def apply_train_module(self, cfg: PipelineParallelConfig, train_module: dict[str, Any], plan: Any) -> None:
+    def apply_train_module(
+        self, cfg: PipelineParallelConfig, train_module: Any, plan: Any, param_names: tuple[str, ...]
+    ) -> Any:
         """Set OLMo-core's ``pp_config``."""
         from olmo_core.distributed.parallel import PipelineScheduleType
         from olmo_core.train.train_module import TransformerPipelineParallelConfig
 
         schedule = PipelineScheduleType(schedule_of(cfg, plan.run.model.n_layers))
-        train_module["pp_config"] = TransformerPipelineParallelConfig(degree=cfg.degree, schedule=schedule)
+        train_module.pp_config = TransformerPipelineParallelConfig(degree=cfg.degree, schedule=schedule)
+        return train_module
 
 
 PP = PipelineParallel()

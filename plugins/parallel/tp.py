@@ -39,7 +39,7 @@ class TensorParallel(ParallelPlugin):
 
     name = "tp"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = TensorParallelConfig
     provides = ("tensor",)
 
@@ -96,11 +96,14 @@ class TensorParallel(ParallelPlugin):
         ]
         return Contribution(rows=rows)
 
-    def apply_train_module(self, cfg: TensorParallelConfig, train_module: dict[str, Any], plan: Any) -> None:
+    def apply_train_module(
+        self, cfg: TensorParallelConfig, train_module: Any, plan: Any, param_names: tuple[str, ...]
+    ) -> Any:
         """Set OLMo-core's ``tp_config``."""
         from olmo_core.train.train_module import TransformerTensorParallelConfig
 
-        train_module["tp_config"] = TransformerTensorParallelConfig(degree=cfg.degree)
+        train_module.tp_config = TransformerTensorParallelConfig(degree=cfg.degree)
+        return train_module
 
 
 TP = TensorParallel()

@@ -78,7 +78,7 @@ class UlyssesStrategy(ParallelPlugin):
 
     name = "ulysses"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = UlyssesConfig
     provides = ("sequence",)
 
@@ -175,11 +175,12 @@ class UlyssesStrategy(ParallelPlugin):
             activation_bytes_per_token=kept if p > 1 and ctx.run.trainer.activation_checkpointing != "full" else 0,
         )
 
-    def apply_train_module(self, cfg: UlyssesConfig, train_module: dict[str, Any], plan: Any) -> None:
+    def apply_train_module(self, cfg: UlyssesConfig, train_module: Any, plan: Any, param_names: tuple[str, ...]) -> Any:
         """Set OLMo-core's ``cp_config`` to its Ulysses style."""
         from olmo_core.train.train_module import TransformerContextParallelConfig
 
-        train_module["cp_config"] = TransformerContextParallelConfig.ulysses(_degree(cfg))
+        train_module.cp_config = TransformerContextParallelConfig.ulysses(_degree(cfg))
+        return train_module
 
     def apply_model(self, cfg: UlyssesConfig, model: Any, plan: Any) -> None:
         """Wrap every attention backend in the Ulysses all-to-all (before OLMo-core applies

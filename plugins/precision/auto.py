@@ -26,7 +26,7 @@ class AutoPrecision(PrecisionPlugin):
 
     name = "auto"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = AutoPrecisionConfig
 
     def dtypes(self, cfg: Any, run: Any, world: World, mesh: Mesh) -> Dtypes:

@@ -44,7 +44,7 @@ class BF16Precision(PrecisionPlugin):
 
     name = "bf16"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = BF16Config
 
     def dtypes(self, cfg: BF16Config, run: Any, world: World, mesh: Mesh) -> Dtypes:

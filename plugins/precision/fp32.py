@@ -18,7 +18,7 @@ class FP32Precision(PrecisionPlugin):
 
     name = "fp32"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = FP32Config
 
     def resolve(self, cfg: Any, ctx: Context) -> Contribution:

@@ -59,7 +59,7 @@ class FP8Precision(LowPrecisionPlugin):
 
     name = "fp8"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = FP8Config
 
     def resolve(self, cfg: FP8Config, ctx: Context) -> Contribution:

@@ -57,7 +57,7 @@ class MXFP8Precision(LowPrecisionPlugin):
 
     name = "mxfp8"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = MXFP8Config
 
     def resolve(self, cfg: MXFP8Config, ctx: Context) -> Contribution:

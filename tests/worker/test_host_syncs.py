@@ -3,7 +3,7 @@
 A host sync makes the CPU wait until the GPU has run everything queued so far (to read a
 value, or the size of a data-dependent output), which empties the queue that hides kernel
 launch latency. Counted here on CPU, in real gloo processes, through the worker's own build
-(``build_model``, the train module from ``train_module_kwargs``) and OLMo-core's
+(``build_model``, the train module from ``train_module_config``) and OLMo-core's
 ``TransformerTrainModule.train_batch`` (every micro-batch's forward and backward), with:
 
 * a ``TorchDispatchMode`` over every aten op the step runs (forward and backward):
@@ -154,12 +154,11 @@ def _count_all(root: str) -> None:
     import olmo_core.distributed.parallel as olmo_parallel
     import torch
     import torch.distributed as dist
-    from olmo_core.train.train_module import TransformerTrainModuleConfig
 
     from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
     from olmx.worker.model import build_model
-    from olmx.worker.train import train_module_kwargs
+    from olmx.worker.train import train_module_config
 
     torch.set_num_threads(1)  # forked processes on a shared machine
     os.environ["RANK"] = str(dist.get_rank())
@@ -168,7 +167,8 @@ def _count_all(root: str) -> None:
     for i, (name, (overrides, _)) in enumerate(CONFIGS.items()):
         plan = plan_from_overrides([*COMMON, *overrides, f"trainer.run_dir={root}/{i}"], reg)
         olmo_parallel._WORLD_MESH = None  # one OLMo-core world mesh per process otherwise
-        train_module = TransformerTrainModuleConfig(**train_module_kwargs(plan, reg)).build(build_model(plan, reg))
+        model = build_model(plan, reg)
+        train_module = train_module_config(plan, reg, [n for n, _ in model.named_parameters()]).build(model)
         train_module._attach_trainer(_Trainer())
         per_rank = plan.batch.global_tokens // plan.batch.seq_len // plan.world.size
         gen = torch.Generator().manual_seed(dist.get_rank())

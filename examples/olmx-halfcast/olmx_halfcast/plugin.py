@@ -37,7 +37,7 @@ class HalfcastPrecision(PrecisionPlugin):
 
     name = "halfcast"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = HalfcastConfig
 
     def dtypes(self, cfg: HalfcastConfig, run: Any, world: World, mesh: Mesh) -> Dtypes:

@@ -59,7 +59,7 @@ class LayerScaleLayer(LayerPlugin):
 
     name = "layerscale"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = LayerScaleConfig
 
     def resolve(self, cfg: LayerScaleConfig, ctx: Context) -> Contribution:
@@ -123,14 +123,17 @@ class LayerScaleLayer(LayerPlugin):
                     LayerScaleResidualStream.replacing(stream, block.d_model, init=cfg.init, device=device),
                 )
 
-    def apply_train_module(self, cfg: LayerScaleConfig, train_module: dict[str, Any], plan: Any) -> None:
+    def apply_train_module(
+        self, cfg: LayerScaleConfig, train_module: Any, plan: Any, param_names: tuple[str, ...]
+    ) -> Any:
         """Give the scales an optimizer group of their own with ``weight_decay``."""
         from olmo_core.optim import OptimGroupOverride
 
-        optim = train_module["optim"]
+        optim = train_module.optim
         overrides = list(optim.group_overrides or [])
         overrides.append(OptimGroupOverride(params=param_patterns(cfg), opts={"weight_decay": cfg.weight_decay}))
         optim.group_overrides = overrides
+        return train_module
 
 
 #: The plugin object the entry point names.

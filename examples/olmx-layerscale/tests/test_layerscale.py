@@ -142,9 +142,13 @@ def test_the_scales_get_their_own_optimizer_group():
     cfg = LayerScaleConfig(blocks=[0, 2], weight_decay=0.0)
     LAYERSCALE.apply_model(cfg, model, plan=None)
     model.init_weights(max_seq_len=16, device=torch.device("cpu"))
-    kwargs = {"optim": AdamWConfig(lr=1e-3, weight_decay=0.1)}
-    LAYERSCALE.apply_train_module(cfg, kwargs, plan=None)
-    groups = kwargs["optim"].build(model).param_groups
+    from olmo_core.train.train_module import TransformerTrainModuleConfig
+
+    config = TransformerTrainModuleConfig(
+        rank_microbatch_size=16, max_sequence_length=16, optim=AdamWConfig(lr=1e-3, weight_decay=0.1)
+    )
+    names = tuple(n for n, _ in model.named_parameters())
+    groups = LAYERSCALE.apply_train_module(cfg, config, None, names).optim.build(model).param_groups
     scales = {id(p) for n, p in model.named_parameters() if n.endswith(".scale")}
     assert len(scales) == 4
     assert [g["weight_decay"] for g in groups] == [0.0, 0.1]

@@ -54,7 +54,7 @@ class RunPodInfra(InfraPlugin):
 
     name = "runpod"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = RunPodConfig
 
     def commands(self) -> Any:

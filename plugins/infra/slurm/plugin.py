@@ -160,7 +160,7 @@ class SlurmInfra(InfraPlugin):
 
     name = "slurm"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = SlurmConfig
 
     def world(self, cfg: SlurmConfig) -> World:

@@ -56,7 +56,7 @@ class EngramLayer(LayerPlugin):
 
     name = "engram"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = EngramLayerConfig
     Decisions = EngramDecisions
     #: Extends whatever block is there: after plugins that replace blocks (order < 90).
@@ -291,7 +291,9 @@ class EngramLayer(LayerPlugin):
         )
         apply_engram_inputs(model, compression=comp, hasher=hasher)
 
-    def apply_train_module(self, cfg: EngramLayerConfig, train_module: dict[str, Any], plan: Any) -> None:
+    def apply_train_module(
+        self, cfg: EngramLayerConfig, train_module: Any, plan: Any, param_names: tuple[str, ...]
+    ) -> Any:
         """Optimizer groups. The paper (§4.1, as transcribed) trains the tables with Adam at 5x
         the learning rate and no weight decay, and the backbone with Muon; it says nothing of
         Engram's other parameters. So: the tables in their own group (``table_lr_multiplier``,
@@ -304,7 +306,7 @@ class EngramLayer(LayerPlugin):
 
         from olmx_plugins.layers.engram.block import NON_MATRIX_PARAM_PATTERNS, TABLE_PARAM_PATTERN
 
-        optim = train_module["optim"]
+        optim = train_module.optim
         overrides = [
             OptimGroupOverride(
                 params=[TABLE_PARAM_PATTERN],
@@ -318,6 +320,7 @@ class EngramLayer(LayerPlugin):
                 )
             )
         optim.group_overrides = [*(optim.group_overrides or []), *overrides]
+        return train_module
 
 
 ENGRAM = EngramLayer()

@@ -156,7 +156,7 @@ class MoELayer(LayerPlugin):
 
     name = "moe"
     description = __doc__.splitlines()[0]
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = MoEConfig
     Decisions = MoEDecisions
     #: Replaces the feed-forward of whole blocks: before plugins that extend blocks.
@@ -332,13 +332,14 @@ class MoELayer(LayerPlugin):
             model, ep_mesh=mesh["ep_shard"], replicate_mesh=mesh["ep_replicate"], mp_policy=expert_mixed_precision(plan)
         )
 
-    def apply_train_module(self, cfg: MoEConfig, train_module: dict[str, Any], plan: Any) -> None:
+    def apply_train_module(self, cfg: MoEConfig, train_module: Any, plan: Any, param_names: tuple[str, ...]) -> Any:
         """On the olmo_core backend with ``mesh.ep > 1``: OLMo-core's own expert parallelism
         (``ep_config``), as its v1 stack requires."""
         if plan.mesh.ep > 1 and self.backend(plan) == "olmo_core":
             from olmo_core.train.train_module import TransformerExpertParallelConfig
 
-            train_module["ep_config"] = TransformerExpertParallelConfig(degree=plan.mesh.ep)
+            train_module.ep_config = TransformerExpertParallelConfig(degree=plan.mesh.ep)
+        return train_module
 
     def callbacks(self, cfg: MoEConfig, plan: Any) -> dict[str, Any]:
         """Expert-bias balancing after every step (when ``bias_gamma`` is set; OLMo-core's

@@ -58,7 +58,7 @@ class MLflow(TrackerPlugin):
 
     name = "mlflow"
     description = __doc__.splitlines()[0] if __doc__ else ""
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = MLflowConfig
 
     def resolve(self, cfg: MLflowConfig, ctx: Context) -> Contribution:

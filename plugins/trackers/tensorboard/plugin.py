@@ -43,7 +43,7 @@ class TensorBoard(TrackerPlugin):
 
     name = "tensorboard"
     description = __doc__.splitlines()[0] if __doc__ else ""
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = TensorBoardConfig
 
     def resolve(self, cfg: TensorBoardConfig, ctx: Context) -> Contribution:

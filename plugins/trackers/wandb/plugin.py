@@ -68,7 +68,7 @@ class WandB(TrackerPlugin):
 
     name = "wandb"
     description = __doc__.splitlines()[0] if __doc__ else ""
-    api = ">=2.0,<3"
+    api = ">=3.0,<4"
     Config = WandBConfig
 
     def resolve(self, cfg: WandBConfig, ctx: Context) -> Contribution:

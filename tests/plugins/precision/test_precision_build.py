@@ -154,23 +154,23 @@ def test_the_core_applies_the_plans_dtypes_as_fsdp_mixed_precision_or_autocast(t
     from olmx.config.compose import compose, to_object
     from olmx.plan.resolve import resolve
     from olmx.registry import registry
-    from olmx.worker.train import train_module_kwargs
+    from olmx.worker.train import train_module_config
 
     reg = registry()
 
-    def kwargs_for(*overrides: str) -> dict:
+    def config_for(*overrides: str):
         run = to_object(compose(["infra.nproc_per_node=2", f"trainer.run_dir={tmp_path}", *overrides], reg), reg)
-        return train_module_kwargs(resolve(run, reg), reg)
+        return train_module_config(resolve(run, reg), reg)
 
-    k = kwargs_for("parallel=[fsdp]", "precision=bf16", "precision.reduce_dtype=bfloat16")
-    assert (k["dp_config"].param_dtype, k["dp_config"].reduce_dtype) == (DType.bfloat16, DType.bfloat16)
-    assert "autocast_precision" not in k
-    k = kwargs_for("parallel=[ddp]", "precision=bf16")
-    assert k["autocast_precision"] == DType.bfloat16 and k["dp_config"].param_dtype is None
-    k = kwargs_for("parallel=[ddp]", "precision=mxfp8", "precision.emulate=true")
-    assert "autocast_precision" not in k  # CPU without sharding: the rest stays float32
-    k = kwargs_for("parallel=[fsdp]", "precision=mxfp8", "precision.emulate=true")
-    assert k["dp_config"].param_dtype == DType.bfloat16
+    k = config_for("parallel=[fsdp]", "precision=bf16", "precision.reduce_dtype=bfloat16")
+    assert (k.dp_config.param_dtype, k.dp_config.reduce_dtype) == (DType.bfloat16, DType.bfloat16)
+    assert k.autocast_precision is None
+    k = config_for("parallel=[ddp]", "precision=bf16")
+    assert k.autocast_precision == DType.bfloat16 and k.dp_config.param_dtype is None
+    k = config_for("parallel=[ddp]", "precision=mxfp8", "precision.emulate=true")
+    assert k.autocast_precision is None  # CPU without sharding: the rest stays float32
+    k = config_for("parallel=[fsdp]", "precision=mxfp8", "precision.emulate=true")
+    assert k.dp_config.param_dtype == DType.bfloat16
 
 
 @pytest.mark.parametrize("layers", [[], ["layers=[moe]", "layers.moe.shared_hidden_size=64"], ["layers=[engram]"]])

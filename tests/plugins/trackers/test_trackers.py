@@ -48,7 +48,7 @@ JSONL_TRACKER = """
     class Jsonl(TrackerPlugin):
         name = "jsonl"
         description = "every metric as JSON lines"
-        api = ">=2.0,<3"
+        api = ">=3.0,<4"
         Config = JsonlConfig
 
         def resolve(self, cfg, ctx):

@@ -153,11 +153,11 @@ def test_gate_norms_use_the_float32_epsilon_like_the_demo():
 def _groups(*overrides: str) -> dict[str, dict]:
     """Each parameter's optimizer settings (lr, weight_decay) as OLMo-core builds the groups."""
     from olmx.worker.model import build_model
-    from olmx.worker.train import train_module_kwargs
+    from olmx.worker.train import train_module_config
 
     plan, reg = _plan("experiment=engram_tiny", "infra.nproc_per_node=1", "parallel=[]", *overrides)
     model = build_model(plan, reg)
-    optim = train_module_kwargs(plan, reg)["optim"]
+    optim = train_module_config(plan, reg, [n for n, _ in model.named_parameters()]).optim
     out = {}
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optim.build_groups(model):

@@ -125,7 +125,10 @@ def _plan(world: World, mesh: Mesh, backend: str, **moe) -> SimpleNamespace:
 
 def test_olmo_core_backend_builds_the_v1_model_and_olmo_core_ep():
     from olmo_core.nn.transformer import TransformerConfig
-    from olmo_core.train.train_module import TransformerExpertParallelConfig
+    from olmo_core.optim import AdamWConfig
+    from olmo_core.train.train_module import TransformerExpertParallelConfig, TransformerTrainModuleConfig
+
+    TRAIN_MODULE = {"rank_microbatch_size": 64, "max_sequence_length": 16, "optim": AdamWConfig()}
 
     base = TransformerConfig.llama_like(d_model=64, vocab_size=384, n_layers=2, n_heads=4)
     cfg = MoEConfig(num_experts=4, every=2, backend="olmo_core")
@@ -133,14 +136,12 @@ def test_olmo_core_backend_builds_the_v1_model_and_olmo_core_ep():
     model_config = MOE.apply_model_config(cfg, base, plan)
     assert model_config.name == TransformerType.moe and model_config.block_pattern == ["dense", "moe"]
     assert model_config.block["moe"].feed_forward_moe.num_experts == 4
-    kwargs: dict = {}
-    MOE.apply_train_module(cfg, kwargs, plan)
-    assert kwargs["ep_config"] == TransformerExpertParallelConfig(degree=2)
+    config = MOE.apply_train_module(cfg, TransformerTrainModuleConfig(**TRAIN_MODULE), plan, ())
+    assert config.ep_config == TransformerExpertParallelConfig(degree=2)
     portable = _plan(CPU, HSDP_EP, "portable")
     assert type(MOE.apply_model_config(cfg, base, portable).block["moe"]).__name__ == "MoEBlockConfig"
-    kwargs = {}
-    MOE.apply_train_module(cfg, kwargs, portable)
-    assert "ep_config" not in kwargs
+    config = MOE.apply_train_module(cfg, TransformerTrainModuleConfig(**TRAIN_MODULE), portable, ())
+    assert config.ep_config is None
 
 
 @pytest.mark.parametrize("capacity_factor", [None, 1.5])
