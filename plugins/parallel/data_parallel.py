@@ -72,6 +72,24 @@ def keep_gathered_callback() -> Any:
     return KeepGathered()
 
 
+class ReplicatedStrategy(DataParallelStrategy):
+    """``ddp`` and ``ddp_ep``: OLMo-core's DDP, or with the config's ``distributed_optimizer``
+    its FSDP2 config kept gathered from the forward to the backward (ZeRO-2)."""
+
+    def apply_train_module(self, cfg: Any, train_module: Any, plan: Any, param_names: tuple[str, ...]) -> Any:
+        """OLMo-core's ``ddp`` config, or its ``fsdp`` config for the distributed optimizer."""
+        from olmo_core.distributed.parallel import DataParallelType
+        from olmo_core.train.train_module import TransformerDataParallelConfig
+
+        dp_type = DataParallelType.fsdp if cfg.distributed_optimizer else DataParallelType.ddp
+        train_module.dp_config = TransformerDataParallelConfig(name=dp_type)
+        return train_module
+
+    def callbacks(self, cfg: Any, plan: Any) -> dict[str, Any]:
+        """For the distributed optimizer: the callback that keeps parameters gathered."""
+        return {"olmx_zero2": keep_gathered_callback()} if cfg.distributed_optimizer else {}
+
+
 WRAPPING = ("full", "blocks", "fine_grained")
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from olmx.api import Context, Contribution, Layout, World, setting
-from olmx_plugins.parallel.data_parallel import DataParallelStrategy, keep_gathered_callback
+from olmx_plugins.parallel.data_parallel import ReplicatedStrategy
 
 
 @dataclass
@@ -33,7 +33,7 @@ class DDPConfig:
     distributed_optimizer: bool = setting(False)
 
 
-class DistributedDataParallel(DataParallelStrategy):
+class DistributedDataParallel(ReplicatedStrategy):
     """``ddp``: OLMo-core's DDP, or FSDP2 kept gathered through the step (ZeRO-2)."""
 
     def options(self, cfg: DDPConfig | None, run: Any, world: World) -> list[tuple[str, Any]]:
@@ -65,19 +65,6 @@ class DistributedDataParallel(DataParallelStrategy):
                 )
             ]
         )
-
-    def apply_train_module(self, cfg: DDPConfig, train_module: Any, plan: Any, param_names: tuple[str, ...]) -> Any:
-        """OLMo-core's ``ddp`` config, or its ``fsdp`` config for the distributed optimizer."""
-        from olmo_core.distributed.parallel import DataParallelType
-        from olmo_core.train.train_module import TransformerDataParallelConfig
-
-        dp_type = DataParallelType.fsdp if cfg.distributed_optimizer else DataParallelType.ddp
-        train_module.dp_config = TransformerDataParallelConfig(name=dp_type)
-        return train_module
-
-    def callbacks(self, cfg: DDPConfig, plan: Any) -> dict[str, Any]:
-        """For the distributed optimizer: the callback that keeps parameters gathered."""
-        return {"olmx_zero2": keep_gathered_callback()} if cfg.distributed_optimizer else {}
 
 
 DDP = DistributedDataParallel(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from olmx.api import Context, Contribution, Layout, World, setting
-from olmx_plugins.parallel.data_parallel import DataParallelStrategy, keep_gathered_callback
+from olmx_plugins.parallel.data_parallel import ReplicatedStrategy
 
 
 @dataclass
@@ -32,7 +32,7 @@ class DDPEPConfig:
     distributed_optimizer: bool = setting(False)
 
 
-class DDPExpertParallel(DataParallelStrategy):
+class DDPExpertParallel(ReplicatedStrategy):
     """OLMo-core DDP for dense parameters; experts sharded over ``degree`` ranks."""
 
     provides = ("experts",)
@@ -72,19 +72,6 @@ class DDPExpertParallel(DataParallelStrategy):
         return Contribution(
             rows=[("layout", layout), ("expert parallel", f"degree {ctx.mesh.ep}, {groups} replica group(s)")]
         )
-
-    def apply_train_module(self, cfg: DDPEPConfig, train_module: Any, plan: Any, param_names: tuple[str, ...]) -> Any:
-        """OLMo-core's ``ddp`` config, or its ``fsdp`` config for the distributed optimizer."""
-        from olmo_core.distributed.parallel import DataParallelType
-        from olmo_core.train.train_module import TransformerDataParallelConfig
-
-        dp_type = DataParallelType.fsdp if cfg.distributed_optimizer else DataParallelType.ddp
-        train_module.dp_config = TransformerDataParallelConfig(name=dp_type)
-        return train_module
-
-    def callbacks(self, cfg: DDPEPConfig, plan: Any) -> dict[str, Any]:
-        """For the distributed optimizer: the callback that keeps parameters gathered."""
-        return {"olmx_zero2": keep_gathered_callback()} if cfg.distributed_optimizer else {}
 
 
 DDP_EP = DDPExpertParallel(
