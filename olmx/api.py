@@ -317,9 +317,11 @@ class Mesh:
         return out
 
     def expert_mesh_shape(self) -> tuple[int, int]:
-        """``(replicas, ep)``: the 2-D mesh experts are placed on (replicas of each EP group, the
-        EP group); consecutive ranks form an EP group."""
-        return self.size // self.ep, self.ep
+        """``(replicas, ep)``: the 2-D mesh experts are placed on within one pipeline stage
+        (replicas of each EP group, the EP group); consecutive ranks form an EP group. Under
+        pipeline parallelism each stage's ranks hold this mesh (``(pp, replicas, ep)`` over the
+        world, the stages outermost as OLMo-core orders its mesh)."""
+        return self.dp // self.ep, self.ep
 
 
 @dataclass(frozen=True)
@@ -555,7 +557,9 @@ class LayerPlugin(Plugin):
     def apply_model(self, cfg: Any, model: Any, plan: Plan) -> None:
         """Edit the built (meta-device) model in place, before activation checkpointing,
         compile and data parallelism, in the order OLMo-core's ``parallelize_model`` uses.
-        Default: nothing."""
+        Under pipeline parallelism ``model`` is each of the rank's stages after the split (a
+        ``Transformer`` holding only its blocks, the embedding on the first stage, the output
+        head on the last; block names keep their index). Default: nothing."""
 
     def hf_architecture(self, cfg: Any, run: RunConfig) -> str:
         """The ``transformers`` causal-LM class (``"OlmoeForCausalLM"``) that holds a model with
@@ -615,7 +619,8 @@ class ParallelPlugin(Plugin):
 
     def apply_model(self, cfg: Any, model: Any, plan: Plan) -> None:
         """Edit the built model in place after the layer and precision plugins (e.g. wrap the
-        attention for sequence parallelism). Default: nothing."""
+        attention for sequence parallelism). Under pipeline
+        parallelism: each stage of the rank (as :meth:`LayerPlugin.apply_model`). Default: nothing."""
 
 
 class PrecisionPlugin(Plugin):
@@ -630,7 +635,8 @@ class PrecisionPlugin(Plugin):
 
     def apply_model(self, cfg: Any, model: Any, plan: Plan) -> None:
         """Edit the built model after the layer plugins, before any parallelism (where
-        OLMo-core's ``parallelize_model`` applies ``float8_config``). Default: nothing."""
+        OLMo-core's ``parallelize_model`` applies ``float8_config``). Under pipeline
+        parallelism: each stage of the rank (as :meth:`LayerPlugin.apply_model`). Default: nothing."""
 
 
 class InfraPlugin(Plugin):

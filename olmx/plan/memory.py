@@ -200,7 +200,9 @@ def estimate(
     stage_layers = -(-m.n_layers // mesh.pp)
     if mesh.pp > 1:
         held = (held - 2 * vocab * d) * stage_layers // m.n_layers + vocab * d
-    params = 4 * held // shard + sum(4 * n // max(1, over) for n, over in sharded)
+    # the parameters plugins place themselves (experts) belong to blocks: a stage holds its share
+    own_held = sum(4 * n // max(1, over) for n, over in sharded) * stage_layers // m.n_layers
+    params = 4 * held // shard + own_held
     total_params = held
     grads = params
     optimizer = 2 * params
@@ -208,7 +210,8 @@ def estimate(
     # activations (its heads and feed-forward slice; 1/tp of the positions around the norms)
     tokens = t.micro_batch_size * run.data.seq_len // (max(1, mesh.cp) * mesh.tp)
     attn, ff, transient = block_activations(run, b, autocast)
-    plugin_acts = tokens * plugin_activations
+    # plugins' activations belong to blocks too: a stage keeps its share, for every micro-batch in flight
+    plugin_acts = tokens * plugin_activations * stage_layers * inflight // m.n_layers
     head = tokens * (2 * d * b + 2 * 4 * vocab)
     # a pipeline stage keeps its blocks' activations of every micro-batch in flight; the output
     # layer's (the last stage's) of one at a time

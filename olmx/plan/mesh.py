@@ -135,7 +135,7 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
             raise ConfigError(
                 lay.ep_field or plugin.section, f"{lay.ep} must divide the {dp_ranks} data-parallel ranks"
             )
-        for dim, size in (("cp", cp), ("tp", tp), ("pp", pp)):
+        for dim, size in (("cp", cp), ("tp", tp)):
             if size > 1:
                 raise ConfigError(
                     lay.ep_field or plugin.section,

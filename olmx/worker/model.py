@@ -82,7 +82,8 @@ def build_model(plan: Plan, reg: Any, *, keep_windows: bool = False) -> Any:
     (where OLMo-core's ``parallelize_model`` applies ``float8_config``): the layer plugins (by
     their ``order``: config, then the built model), the precision plugin (module swaps such as
     MXFP8 linears, which must see the layers' modules too), the parallel plugins (e.g. the
-    Ulysses attention wrapper).
+    Ulysses attention wrapper); under pipeline parallelism the built model's edits wait for the
+    split (:func:`edit_model`).
 
     Sliding windows that cover ``data.seq_len`` are left out (:func:`build_model_config`)
     unless ``keep_windows`` (export: the architecture as configured)."""
@@ -103,13 +104,24 @@ def build_model(plan: Plan, reg: Any, *, keep_windows: bool = False) -> Any:
     for _, layer, cfg in layers:
         config = layer.apply_model_config(cfg, config, plan)
     model = config.build(init_device="meta")
-    for _, layer, cfg in layers:
+    if plan.mesh.pp == 1:  # else each stage, after the split (olmx.worker.pipeline)
+        edit_model(plan, reg, model)
+    skip_unused_mask_warmup(model)
+    return model
+
+
+def edit_model(plan: Plan, reg: Any, model: Any) -> None:
+    """The plugins' ``apply_model`` edits of the built model (or of one pipeline stage of it):
+    the layer plugins by their ``order``, the precision plugin, the parallel plugins. Under
+    pipeline parallelism they edit each stage after OLMo-core's split, which deep-copies the
+    model once per stage: a module an edit wraps with FSDP (the experts under expert
+    parallelism) cannot be copied, and a stage's edits use the process groups of its ranks."""
+    run = plan.run
+    for _, layer, cfg in reg.layers_in_order(run.layers):
         layer.apply_model(cfg, model, plan)
     reg.get("precision", run.precision_name).apply_model(run.precision[run.precision_name], model, plan)
     for name, cfg in run.parallel.items():
         reg.get("parallel", name).apply_model(cfg, model, plan)
-    skip_unused_mask_warmup(model)
-    return model
 
 
 def skip_unused_mask_warmup(model: Any) -> int:

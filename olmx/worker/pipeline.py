@@ -7,23 +7,28 @@ own CUDA schedules (``CustomInterleaved1F1B``, ``Custom1F1BV``: they place tenso
 ``torch.cuda.current_device()``) and refuses torch's ``1F1B``, ``GPipe``, ``Interleaved1F1B``
 and the rest. :class:`PipelineTrainModule` is OLMo-core's train module with its schedule
 replaced by torch's (:class:`TorchSchedule`), which runs on any device and backend, gloo on CPUs
-included, and two fixes that make it equal a run without a pipeline:
+included, and three fixes that make it equal a run without a pipeline:
 
 * DDP's replicas (OLMo-core's composable ``replicate``, which torch's stages do not recognise)
   would all-reduce after every micro-batch's backward while other micro-batches' forwards are
   pending, which DDP's reducer does not follow: their gradient sync is off during the schedule
   and the gradients are averaged over the data-parallel ranks once, after it (FSDP's modules
   torch's stages handle themselves);
+* torch's ``replicate`` over a slice of the mesh hooks every forward to rewrite DTensor
+  parameters, FSDP's experts included: the hooks are removed (:func:`_drop_dtensor_localizing_hooks`);
 * the step's loss reaches the ranks without the final stage by a broadcast over the pipeline
   group (OLMo-core sends it on with an ``isend`` it never waits for, which gloo leaves pending
   while the sender moves on to the next collective).
 
+The plugins' model edits run on each stage after the split (:func:`edit_stages_after_split`).
 Everything else (the split, the losses each last stage captures, the data-parallel wrapping of
 each stage, checkpoints of the model parts, an optimizer per part) is OLMo-core's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
@@ -82,6 +87,11 @@ class TorchSchedule:
 class PipelineTrainModule(TransformerPipelineTrainModule):
     """OLMo-core's pipeline train module driving :class:`TorchSchedule`."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for part in self.model_parts:
+            _drop_dtensor_localizing_hooks(part)
+
     def run_pipeline(self, *args: Any, **kwargs: Any) -> Any:
         """OLMo-core's, with the replicas' gradients averaged once after the schedule."""
         from torch.distributed.fsdp import FSDPModule
@@ -97,11 +107,14 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         return out
 
     def _average_grads(self, parts: list[Any]) -> None:
-        """Each part's gradients averaged over the data-parallel ranks, one all-reduce per part."""
+        """Each part's gradients averaged over the data-parallel ranks, one all-reduce per part;
+        DTensor gradients are left alone: their own FSDP module reduced them (the experts under
+        expert parallelism, which DDP's ``replicate`` skips too)."""
         from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        from torch.distributed.tensor import DTensor
 
         for part in parts:
-            grads = [p.grad for p in part.parameters() if p.grad is not None]
+            grads = [p.grad for p in part.parameters() if p.grad is not None and not isinstance(p.grad, DTensor)]
             if not grads:
                 continue
             flat = _flatten_dense_tensors(grads)
@@ -138,10 +151,45 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         return x
 
 
-def build_pipeline_train_module(config: Any, model: Any) -> PipelineTrainModule:
+def edit_stages_after_split(pp_config: Any, edit: Callable[[Any], None]) -> Any:
+    """``pp_config`` whose ``split_model`` runs ``edit`` on each of the rank's stages after
+    OLMo-core's split (a deep copy of the model per stage) and before its train module applies
+    data parallelism to them: the plugins' model edits (:func:`olmx.worker.model.edit_model`),
+    some of which cannot be deep-copied."""
+    split = pp_config.split_model
+
+    def split_then_edit(model: Any, **kwargs: Any) -> tuple[list[Any], list[Any]]:
+        stages, parts = split(model, **kwargs)
+        for part in parts:  # the stages hold these very modules: edits in place reach them
+            edit(part)
+        return stages, parts
+
+    copy = dataclasses.replace(pp_config)
+    object.__setattr__(copy, "split_model", split_then_edit)
+    return copy
+
+
+def _drop_dtensor_localizing_hooks(part: Any) -> None:
+    """Remove the hooks torch's ``replicate`` puts on a module whose data-parallel mesh is a
+    slice of a larger one (a pipeline's data-parallel ranks are a slice of the pp x dp mesh):
+    after every forward they turn each DTensor parameter of the module into a local tensor and
+    back before the next, a stop-gap for DDP over tensor-parallel weights that also rewrites the
+    parameters of FSDP modules inside it (the experts under expert parallelism), which then lose
+    their gradients. A pipeline stage holds no tensor-parallel weights (olmx refuses pp with tp),
+    so the hooks have nothing to do there."""
+    from torch.distributed.tensor.parallel.ddp import _localize_dtensor, _reconstruct_dtensor
+
+    for hooks in (part._forward_pre_hooks, part._forward_hooks):
+        for key in [k for k, hook in hooks.items() if hook in (_localize_dtensor, _reconstruct_dtensor)]:
+            del hooks[key]
+
+
+def build_pipeline_train_module(config: Any, model: Any, edit: Callable[[Any], None]) -> PipelineTrainModule:
     """:class:`PipelineTrainModule` from OLMo-core's ``TransformerTrainModuleConfig`` (with its
-    ``pp_config``), its fields converted as the config's own ``build`` converts them."""
+    ``pp_config``), its fields converted as the config's own ``build`` converts them; ``edit``
+    edits each stage after the split (:func:`edit_stages_after_split`)."""
     kwargs = config.as_dict(exclude_none=True, recurse=False)
+    kwargs["pp_config"] = edit_stages_after_split(kwargs["pp_config"], edit)
     if (autocast := kwargs.pop("autocast_precision", None)) is not None:
         kwargs["autocast_precision"] = autocast.as_pt()
     assert "state_dict_save_opts" not in kwargs and "state_dict_load_opts" not in kwargs  # olmx sets neither

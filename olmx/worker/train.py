@@ -157,9 +157,10 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     t, run_dir = run.trainer, rd.path
     config = train_module_config(plan, reg, [name for name, _ in model.named_parameters()])
     if config.pp_config is not None:  # torch's pipeline schedules (olmx.worker.pipeline)
+        from olmx.worker.model import edit_model
         from olmx.worker.pipeline import build_pipeline_train_module
 
-        train_module = build_pipeline_train_module(config, model)
+        train_module = build_pipeline_train_module(config, model, lambda stage: edit_model(plan, reg, stage))
     else:
         train_module = config.build(model)
 

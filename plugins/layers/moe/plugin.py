@@ -191,7 +191,7 @@ class MoELayer(LayerPlugin):
         active = per_block - 3 * (cfg.num_experts - cfg.top_k) * d * h
         dense = 3 * d * m.hidden_size
         dispatch = "dropless" if cfg.capacity_factor is None else f"capacity factor {cfg.capacity_factor}"
-        ddp_ep, replicas = mesh.ep > 1 and not mesh.shards_params, mesh.size // mesh.ep
+        ddp_ep, replicas = mesh.ep > 1 and not mesh.shards_params, mesh.dp // mesh.ep
         expert_params = len(blocks) * 3 * cfg.num_experts * d * h
         backend, why = choose_backend(cfg, mesh, ctx.world)
         rows = [
@@ -209,7 +209,7 @@ class MoELayer(LayerPlugin):
                 (
                     "expert parallel",
                     f"{cfg.num_experts // mesh.ep} experts per rank over {mesh.ep} ranks, "
-                    f"{mesh.size // mesh.ep} replica group(s)",
+                    f"{mesh.dp // mesh.ep} replica group(s)" + (" per pipeline stage" if mesh.pp > 1 else ""),
                 )
             )
         return Contribution(
@@ -218,7 +218,7 @@ class MoELayer(LayerPlugin):
             activation_bytes_per_token=len(blocks) * moe_activations_per_token(cfg, m, ctx),
             active_params=len(blocks) * (active - dense),
             # expert parallelism over replicated (DDP) parameters: each rank computes with n = E / ep
-            # experts and stores its chunk of them (FSDP2 over the R = size / ep replicas: one
+            # experts and stores its chunk of them (FSDP2 over the R = dp / ep replicas: one
             # expert on each of the first n ranks where R >= n, n / R where R divides n), with
             # their gradients and optimizer state; it gathers a layer's, prefetching the next one's
             sharded_params=expert_params if ddp_ep else 0,
@@ -314,7 +314,8 @@ class MoELayer(LayerPlugin):
         module calls ``init_weights`` after applying parallelism. With ``mesh.ep > 1`` on the
         portable backend: shard the experts over each group of ``ep`` consecutive ranks, with
         FSDP over the replica groups (which keeps them out of the data-parallel wrapper and
-        averages their gradients across replicas)."""
+        averages their gradients across replicas); under pipeline parallelism the groups are
+        those of the stage's ranks (this edits each stage)."""
         if self.backend(plan) == "olmo_core":
             from olmx_plugins.layers.moe.seeded_init import PortableMoEInit
 
@@ -327,7 +328,9 @@ class MoELayer(LayerPlugin):
         from olmx_plugins.layers.moe.expert_parallel import apply_expert_parallel
 
         device = "cuda" if plan.world.device == "cuda" else "cpu"
-        mesh = init_device_mesh(device, plan.mesh.expert_mesh_shape(), mesh_dim_names=("ep_replicate", "ep_shard"))
+        mesh = init_device_mesh(
+            device, (plan.mesh.pp, *plan.mesh.expert_mesh_shape()), mesh_dim_names=("pp", "ep_replicate", "ep_shard")
+        )
         apply_expert_parallel(
             model, ep_mesh=mesh["ep_shard"], replicate_mesh=mesh["ep_replicate"], mp_policy=expert_mixed_precision(plan)
         )

@@ -58,6 +58,26 @@ def test_the_plan_splits_the_blocks_and_counts_one_stage_per_rank():
     assert e_pp.inflight == in_flight("Interleaved1F1B", 2, 4) == 3
 
 
+def test_expert_parallelism_within_each_stage():
+    """ddp_ep x pp: the experts of a stage sharded over its data-parallel ranks; a rank holds its
+    stage's blocks (half) and 1/ep of their experts."""
+    reg, ep = registry(), ["parallel.ddp_ep.degree=2", "infra.nproc_per_node=4", *MOE]
+    both = plan_for("parallel=[ddp_ep,pp]", *ep)
+    assert both.mesh.dims() == {"dp": 2, "pp": 2, "ep": 2}
+    assert both.mesh.expert_mesh_shape() == (1, 2)
+    assert dict(both.sections["layers.moe"])["expert parallel"] == (
+        "2 experts per rank over 2 ranks, 1 replica group(s) per pipeline stage"
+    )
+    flat = plan_for("parallel=[ddp_ep]", *ep)
+    experts = 2 * 3 * 4 * 64 * 128  # 2 MoE blocks of 4 SwiGLU(64 -> 128) experts
+    e_both, e_flat = (estimate_run(p.run, p.world, reg).est for p in (both, flat))
+    v, d, total = both.vocab_size, 64, both.params.total
+    # dense: half the blocks and one vocab x d matrix; experts: half of the 1/ep of them a rank holds
+    assert e_both.params == 4 * ((total - experts - 2 * v * d) // 2 + v * d) + 4 * (experts // 2) // 2
+    # without the pipeline the 4 ranks are 2 replicas of each expert group, which split a rank's experts
+    assert e_flat.params == 4 * (total - experts) + 4 * experts // 4
+
+
 def test_schedules_their_bubbles_and_what_they_keep():
     assert bubble("1F1B", 4, 8) == pytest.approx(3 / 11)
     assert bubble("Interleaved1F1B", 4, 8) == pytest.approx(3 / 19)  # 2 stages per rank halve it
@@ -108,10 +128,12 @@ def test_refusals_name_the_field(overrides, field, match):
 
 def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     """A model of dense and MoE blocks. One process to step 2; from its checkpoint, pipelines of
-    degree 2 (1F1B on 2 processes, Interleaved1F1B under ddp 2 x pp 2 on 4) train steps 3-8 with
-    the losses of one process (within 2e-5 relative, as tests/test_training.py compares layouts:
-    9e-6 under ddp 2, 0 at dp 1); the 1F1B pipeline's step-4 checkpoint resumes on one process to the same
-    losses. (GPipe and ZeRO-2 x pp, dense, were checked by hand the same way.)"""
+    degree 2 (1F1B on 2 processes; Interleaved1F1B under ddp_ep 2 x pp 2 on 4: each stage's
+    dense parameters replicated over its 2 data-parallel ranks, its experts sharded over them)
+    train steps 3-8 with the losses of one process (within 2e-5 relative, as
+    tests/test_training.py compares layouts: 9e-6 with 2 data-parallel ranks, 0 at dp 1); the
+    1F1B pipeline's step-4 checkpoint resumes on one process to the same losses. (GPipe, ddp x pp
+    and ZeRO-2 x pp were checked by hand the same way.)"""
     ref, cache = tmp_path / "ref", {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
     one = ["infra.nproc_per_node=1", "parallel=[]"]
 
@@ -122,9 +144,9 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
 
     start = train(tmp_path / "start", *one, "trainer.stop_at_step=2")
     assert len(start) == 2
-    variants = {
+    variants: dict[str, tuple[list[str], str]] = {
         "1F1B": (PP, "parallel.pp.schedule=1F1B"),
-        "ddp2 x Interleaved1F1B": (PP, "infra.nproc_per_node=4"),
+        "ddp_ep2 x Interleaved1F1B": (["parallel=[ddp_ep,pp]", "parallel.ddp_ep.degree=2"], "infra.nproc_per_node=4"),
     }
     for name in variants:
         shutil.copytree(tmp_path / "start", tmp_path / name)
