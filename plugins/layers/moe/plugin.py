@@ -191,9 +191,12 @@ class MoELayer(LayerPlugin):
         active = per_block - 3 * (cfg.num_experts - cfg.top_k) * d * h
         dense = 3 * d * m.hidden_size
         dispatch = "dropless" if cfg.capacity_factor is None else f"capacity factor {cfg.capacity_factor}"
-        ddp_ep, replicas = mesh.ep > 1 and not mesh.shards_params, mesh.dp // mesh.ep
         expert_params = len(blocks) * 3 * cfg.num_experts * d * h
         backend, why = choose_backend(cfg, mesh, ctx.world)
+        # the portable backend places the experts itself under expert parallelism, whatever the
+        # data-parallel strategy: FSDP over the R = dp / ep replicas of each expert group, out of
+        # the strategy's reach (OLMo-core's backend leaves them to its FSDP)
+        placed, replicas = mesh.ep > 1 and backend == "portable", mesh.dp // mesh.ep
         rows = [
             ("backend", f"{backend} ({why})"),
             ("MoE blocks", f"{blocks} of {m.n_layers}"),
@@ -217,14 +220,14 @@ class MoELayer(LayerPlugin):
             params=len(blocks) * (per_block - dense),
             activation_bytes_per_token=len(blocks) * moe_activations_per_token(cfg, m, ctx),
             active_params=len(blocks) * (active - dense),
-            # expert parallelism over replicated (DDP) parameters: each rank computes with n = E / ep
-            # experts and stores its chunk of them (FSDP2 over the R = dp / ep replicas: one
-            # expert on each of the first n ranks where R >= n, n / R where R divides n), with
-            # their gradients and optimizer state; it gathers a layer's, prefetching the next one's
-            sharded_params=expert_params if ddp_ep else 0,
+            # placed experts: each rank computes with n = E / ep experts and stores its chunk of
+            # them (FSDP2 over the R replicas: one expert on each of the first n ranks where
+            # R >= n, n / R where R divides n), with their gradients and optimizer state; it
+            # gathers a layer's, prefetching the next one's
+            sharded_params=expert_params if placed else 0,
             sharded_over=mesh.ep * min(replicas, cfg.num_experts // mesh.ep),
             gathered_params=min(2, len(blocks)) * expert_params // (len(blocks) * mesh.ep)
-            if ddp_ep and replicas > 1
+            if placed and replicas > 1
             else 0,
             decisions=MoEDecisions(backend=backend),
         )
