@@ -429,7 +429,7 @@ down here). The memory model counts what eager mode saves (its constants were fi
 runs), so for these rows compiled (compiling is the GPU default) its estimate is that much above
 the peak: on the safe side for the fit checks, pessimistic for `auto`'s choices. These rows have
 no QK-norm, which OLMo 3's blocks have (its float32 copies in bf16 without autocast are counted
-since tests/test_layouts_at_scale.py measured them); that case is not measured compiled. Not
+since tests/plan/test_layouts_at_scale.py measured them); that case is not measured compiled. Not
 measured on a GPU yet.
 """
 

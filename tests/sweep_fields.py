@@ -1,5 +1,5 @@
 """The single-field sweep: every field of the run config and of every installed plugin, alone
-(its plugin selected), set to each odd value of the plan fuzz (:mod:`tests.test_plan_fuzz`:
+(its plugin selected), set to each odd value of the plan fuzz (:mod:`tests.plan.test_fuzz`:
 zero, negative, huge, NaN/inf, wrong types, unknown choices, odd lists and paths, the edges of
 its rule). Each case is planned in a forked process with a time and a memory limit, so a value
 that makes the plan loop or grow without bound is caught as such. A case must end as a plan or
@@ -32,7 +32,7 @@ def cases() -> list[tuple[list[str], str, str]]:
     """``(selection, key, value)``: each field with each of its odd values; ``selection`` picks
     the plugin the field belongs to."""
     from olmx.api import CONFIG_GROUPS
-    from tests.test_plan_fuzz import CORE, PLUGINS
+    from tests.plan.test_fuzz import CORE, PLUGINS
 
     out = [([], key, value) for key, values in CORE for value in values]
     for kind, plugins in PLUGINS.items():

@@ -56,7 +56,7 @@ GPipe (4 in flight). Under pipeline parallelism a process holds its stage, ``cei
 blocks and one vocab x d matrix, and keeps its blocks' activations of every micro-batch the
 schedule has in flight (:attr:`~olmx.api.Contribution.microbatches_in_flight`). The norms'
 float32 copies were found later, by
-``tests/test_layouts_at_scale.py`` (OLMo 3 with QK-norm in bf16 under FSDP at 64 ranks measured
+``tests/plan/test_layouts_at_scale.py`` (OLMo 3 with QK-norm in bf16 under FSDP at 64 ranks measured
 1.26-1.29x the estimate without them, 1.02-1.06x with them). Not measured on a GPU yet: the script measures
 ``torch.cuda.max_memory_allocated`` where CUDA is present (``MEMORY_MODEL=1
 benchmarks/gpu/smoke.sh``). Device capacity comes from the infra plugin's

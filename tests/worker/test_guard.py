@@ -3,7 +3,7 @@
 the parameters and optimizer state untouched and its NaN out of SkipStepAdamW's
 rolling statistics; stop signals are agreed
 on the metrics cadence. The multi-process behaviour (ranks agreeing, checkpoints) is in
-tests/test_faults.py through the real CLI."""
+tests/worker/test_faults.py through the real CLI."""
 
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def count_per_expert(expert_ids: torch.Tensor, num_experts: int) -> torch.Tensor
     bincount reads the largest id back to size its output). Left to eager under
     ``torch.compile`` (a graph break, where bincount's data-dependent size made one too): traced,
     torch 2.13's AOT autograd fails the compiled MoE block with "output spec mismatch" once its
-    shapes are dynamic (tests/test_compile.py)."""
+    shapes are dynamic (tests/worker/test_compile.py)."""
     ones = torch.ones_like(expert_ids, dtype=torch.long)
     return torch.zeros(num_experts, dtype=torch.long, device=expert_ids.device).scatter_add_(0, expert_ids, ones)
 

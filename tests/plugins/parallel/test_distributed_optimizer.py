@@ -109,7 +109,7 @@ def test_training_with_the_distributed_optimizer_equals_one_process(tmp_path):
     6 losses (within 1e-5; the reductions sum in another order) and the same final parameters and
     optimizer moments, read back from the checkpoints as whole tensors (within 1e-4, as the
     tensor-parallel test: 3.3e-5 measured); and its sharded checkpoint resumes on one process."""
-    from tests.test_faults import checkpoint_state
+    from tests.worker.test_faults import checkpoint_state
 
     env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
     runs = {"one": ["parallel=[]", "infra.nproc_per_node=1"], "zero2": ZERO2}

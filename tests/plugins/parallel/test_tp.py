@@ -108,7 +108,7 @@ def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
     and the distributed optimizer x tp on 4, against the same run in one process: the same 6
     losses (within 1e-5; the sliced matmuls and the reductions sum in another order) and the
     same final parameters, read back from the checkpoints as whole tensors (within 1e-4)."""
-    from tests.test_faults import checkpoint_state
+    from tests.worker.test_faults import checkpoint_state
 
     env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
     runs = {"one": ["parallel=[]", "infra.nproc_per_node=1"], "tp": ["parallel=[fsdp,tp]"]}

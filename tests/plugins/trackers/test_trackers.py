@@ -160,7 +160,7 @@ def test_tensorboard_mlflow_and_a_third_party_tracker_record_the_training_loss(
     assert scalars(tb, "train/CE loss") == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(want.items())]
     assert [s for s, _ in scalars(tb, "optim/LR (group 0)")] == [1, 2, 3, 4]
     # One held-out loss: trackers get the number metrics.jsonl and the progress line show
-    # (they got OLMo-core's, (seq_len - 1) / seq_len of it; tests/test_eval.py checks the value
+    # (they got OLMo-core's, (seq_len - 1) / seq_len of it; tests/worker/test_eval.py checks the value
     # against a one-process evaluation of the checkpoint).
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     held = {r["step"]: r["eval/loss"] for r in map(json.loads, lines) if "eval/loss" in r}

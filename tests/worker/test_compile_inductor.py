@@ -4,7 +4,7 @@ MoE blocks (``layers.moe.every=2``) and Engram on top of a dense and an MoE bloc
 ``layer_ids``), in bf16, through the worker's own build and OLMo-core's Trainer, on one gloo
 process (a subprocess of its own) with a fresh inductor cache.
 
-tests/test_compile.py covers every strategy with ``aot_eager`` (tracing and AOT autograd, no
+tests/worker/test_compile.py covers every strategy with ``aot_eager`` (tracing and AOT autograd, no
 code generation) on 2 processes; this twin is what the GPU default does (``trainer.compile``
 compiles with inductor) on the model shapes that matter for recompiles: many blocks sharing
 one ``forward``. Asserted from dynamo's counters, step by step:
@@ -43,7 +43,7 @@ OVERRIDES = [
 ]
 #: Steps after which the compiled graphs must stay as they are.
 WARM_UP = 2
-#: Graph breaks olmx makes on purpose (``torch.compiler.disable``), as in tests/test_compile.py.
+#: Graph breaks olmx makes on purpose (``torch.compiler.disable``), as in tests/worker/test_compile.py.
 EAGER_ON_PURPOSE = ("count_per_expert",)
 #: Recompile reasons understood (substrings of dynamo's guard-failure text) and why each is bounded.
 RECOMPILE_REASONS = {

@@ -11,8 +11,8 @@ import pytest
 
 from olmx.errors import ConfigError
 from tests.conftest import olmx_cli
-from tests.test_eval import NUMPY, SEQ, plan_of
 from tests.test_training import SMALL as TINY_RUN
+from tests.worker.test_eval import NUMPY, SEQ, plan_of
 
 BIG, LITTLE = 0, 30000  # first ids of the two sources: an id says which source it came from
 

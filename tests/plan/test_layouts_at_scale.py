@@ -32,7 +32,7 @@ check what was built against the plan:
   the peak agrees within the memory model's stated accuracy, and in bf16 (what the GPU plans
   compute in) too.
 
-Run alone: ``.venv/bin/python -m pytest -q tests/test_layouts_at_scale.py`` (about 40 s of CPU).
+Run alone: ``.venv/bin/python -m pytest -q tests/plan/test_layouts_at_scale.py`` (about 40 s of CPU).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import pytest
 #: One subprocess builds every case on the fake process group: ~40 s of CPU, with the slow tests.
 pytestmark = pytest.mark.dist
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: OLMo 3 30M (d_model 256, 4 blocks of 8 heads, QK-norm, reordered norms) with a feed-forward of
 #: 1,000 rows, which 64 ranks do not divide (FSDP2 pads), and no sliding window (full causal
@@ -400,7 +400,7 @@ def built(plans, tmp_path_factory) -> dict:
     ]
     (root / "jobs.json").write_text(json.dumps(jobs))
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.test_layouts_at_scale", str(root / "jobs.json"), str(root / "built.json")],
+        [sys.executable, "-m", "tests.plan.test_layouts_at_scale", str(root / "jobs.json"), str(root / "built.json")],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, olmx_cli
-from tests.test_plugin_tools import pip_install, site_env
+from tests.plugin_tools.test_plugin_tools import pip_install, site_env
 from tests.test_training import SMALL, losses, train
 
 EXAMPLE = REPO / "examples" / "olmx-layerscale"

@@ -127,7 +127,7 @@ def test_two_process_engram_eval_survives_a_resume_and_equals_one_process_torch(
     from olmx.plan import Plan
     from olmx.worker.datasets import data_split, write_holdout
 
-    # A two-source mixture (OLMo-core's source mixture in a real run; tests/test_mixture.py checks
+    # A two-source mixture (OLMo-core's source mixture in a real run; tests/data/test_mixture.py checks
     # its proportions): the held-out slice comes from both sources.
     (tmp_path / "squares.txt").write_text("".join(f"{i} squared is {i * i}; " for i in range(3000)))
     (tmp_path / "cubes.txt").write_text("".join(f"{i} cubed is {i**3}; " for i in range(1500)))

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, olmx_cli
-from tests.test_plugin_tools import pip_install, site_env
+from tests.plugin_tools.test_plugin_tools import pip_install, site_env
 from tests.test_training import SMALL, losses, train
 
 EXAMPLE = REPO / "examples" / "olmx-halfcast"
