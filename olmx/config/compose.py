@@ -286,7 +286,7 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
             typed[name] = _typed(plugin.Config, values or {}, config_section(kind, name))
         sections[group] = typed
     try:
-        base = OmegaConf.merge(OmegaConf.structured(RunConfig), container)
+        base = OmegaConf.merge(_schema(RunConfig), container)
         run = OmegaConf.to_object(base)
     except OmegaConfBaseException as exc:
         raise _config_error(exc, reg) from None
@@ -304,14 +304,37 @@ def _plugin(reg: Registry, kind: str, group: str, name: str) -> Any:
         raise ConfigError(config_section(kind, name), str(exc)) from None
 
 
+def _schema(config_cls: type) -> Any:
+    """OmegaConf's structured config of ``config_cls`` to merge values into: writable, though
+    the dataclass is frozen (OmegaConf makes a frozen dataclass's node read-only; the merged
+    values become a new frozen instance)."""
+    from omegaconf import OmegaConf
+
+    schema = OmegaConf.structured(config_cls)
+    _clear_readonly(schema)
+    return schema
+
+
+def _clear_readonly(node: Any) -> None:
+    """Clear the read-only flag of ``node`` and of every config node under it (each frozen
+    dataclass's node sets its own)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    OmegaConf.set_readonly(node, False)
+    if isinstance(node, DictConfig) and not node._is_none():
+        for key in node.keys():
+            child = node._get_node(key)
+            if isinstance(child, DictConfig):
+                _clear_readonly(child)
+
+
 def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:
     """Validate ``values`` against a plugin's Config dataclass (unknown keys, types)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    schema = OmegaConf.structured(config_cls)
     try:
-        merged = OmegaConf.merge(schema, values)
+        merged = OmegaConf.merge(_schema(config_cls), values)
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or ""

@@ -40,7 +40,7 @@ ON_NONFINITE = ("stop", "skip")
 AUTO = "auto"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """An OLMo-core llama-like transformer. ``conf/model/`` holds presets that reproduce
     OLMo-core 3.0.0's ``TransformerConfig.olmo3_*`` exactly (a test checks this)."""
@@ -85,7 +85,7 @@ class ModelConfig:
     init_from: Optional[str] = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TokenizerConfig:
     """Token id facts of the data (no tokenizer is downloaded). With ``path``, the plan reads
     ``vocab_size``, ``eos_id``, ``pad_id`` and ``bos_id`` from that ``tokenizer.json``; a value
@@ -121,7 +121,7 @@ class TokenizerConfig:
     path: Optional[str] = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class SourceConfig:
     """One named source of a data mixture (``data.sources.NAME``): its files and its weight."""
 
@@ -136,7 +136,7 @@ class SourceConfig:
     weight: float = setting(1.0, gt=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     """Where the training tokens come from."""
 
@@ -169,7 +169,7 @@ class DataConfig:
     num_workers: int = setting(0, ge=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainerConfig:
     """Optimisation, duration, checkpoints and logging."""
 
@@ -264,7 +264,7 @@ class TrainerConfig:
     memory_snapshot: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation during training: loss and perplexity (``eval/loss``,
     ``eval/perplexity`` in ``metrics.jsonl``), through OLMo-core's ``LMEvaluator``."""
@@ -300,7 +300,7 @@ class EvalConfig:
     downstream: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AutoParallelConfig:
     """``parallel=auto``: the plan picks the parallel strategies from the installed ones by what
     they provide (``olmx.api.PARALLEL_CAPABILITIES``): full replicas where they fit, else

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TorchrunConfig:
     """How torchrun restarts and stops the workers; part of every infra target's settings."""
 

@@ -24,7 +24,7 @@ from olmx.launch import TorchrunConfig, torchrun_env
 from olmx.rundir import RunDir
 
 
-@dataclass
+@dataclass(frozen=True)
 class LocalConfig(TorchrunConfig):
     """Settings of ``infra=local``."""
 

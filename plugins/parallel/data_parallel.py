@@ -93,7 +93,7 @@ class ReplicatedStrategy(DataParallelStrategy):
 WRAPPING = ("full", "blocks", "fine_grained")
 
 
-@dataclass
+@dataclass(frozen=True)
 class FSDPConfig:
     """Settings of ``fsdp``."""
 

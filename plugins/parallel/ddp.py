@@ -23,7 +23,7 @@ from olmx.api import Context, Contribution, Layout, World, setting
 from olmx_plugins.parallel.data_parallel import ReplicatedStrategy
 
 
-@dataclass
+@dataclass(frozen=True)
 class DDPConfig:
     """Settings of ``ddp``."""
 

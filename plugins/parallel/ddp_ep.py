@@ -20,7 +20,7 @@ from olmx.api import Context, Contribution, Layout, World, setting
 from olmx_plugins.parallel.data_parallel import ReplicatedStrategy
 
 
-@dataclass
+@dataclass(frozen=True)
 class DDPEPConfig:
     """Settings of ``ddp_ep``."""
 

@@ -10,7 +10,7 @@ from olmx.errors import ConfigError
 from olmx_plugins.parallel.data_parallel import FSDPConfig, FullyShardedStrategy
 
 
-@dataclass
+@dataclass(frozen=True)
 class HSDPConfig(FSDPConfig):
     """Settings of ``hsdp`` (plus FSDP's wrapping settings)."""
 

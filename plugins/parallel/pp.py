@@ -30,7 +30,7 @@ from olmx.errors import ConfigError
 SCHEDULES = {"1F1B": 1, "GPipe": 1, "Interleaved1F1B": 2, "LoopedBFS": 2, "InterleavedZeroBubble": 2}
 
 
-@dataclass
+@dataclass(frozen=True)
 class PipelineParallelConfig:
     """Settings of ``parallel.pp``."""
 

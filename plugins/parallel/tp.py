@@ -24,7 +24,7 @@ from olmx.api import Context, Contribution, ParallelPlugin, World, setting
 from olmx.errors import ConfigError
 
 
-@dataclass
+@dataclass(frozen=True)
 class TensorParallelConfig:
     """Settings of ``parallel.tp``."""
 

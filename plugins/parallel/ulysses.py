@@ -29,7 +29,7 @@ from olmx.api import Context, Contribution, ParallelPlugin, World
 from olmx.errors import ConfigError
 
 
-@dataclass
+@dataclass(frozen=True)
 class UlyssesConfig:
     """Settings of ``ulysses``."""
 

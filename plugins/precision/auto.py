@@ -16,7 +16,7 @@ from typing import Any
 from olmx.api import Context, Contribution, Dtypes, Mesh, PrecisionPlugin, World
 
 
-@dataclass
+@dataclass(frozen=True)
 class AutoPrecisionConfig:
     """``auto`` has no settings: it follows the run's device."""
 

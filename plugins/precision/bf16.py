@@ -26,7 +26,7 @@ from typing import Any
 from olmx.api import Context, Contribution, Dtypes, Mesh, PrecisionPlugin, World
 
 
-@dataclass
+@dataclass(frozen=True)
 class BF16Config:
     """Settings of ``bf16``."""
 

@@ -8,7 +8,7 @@ from typing import Any
 from olmx.api import Context, Contribution, PrecisionPlugin
 
 
-@dataclass
+@dataclass(frozen=True)
 class FP32Config:
     """``fp32`` has no settings."""
 

@@ -46,7 +46,7 @@ RECIPES: dict[str, tuple[int, int]] = {"tensorwise": (8, 9), "rowwise": (9, 0), 
 ALIGNMENT = 16
 
 
-@dataclass
+@dataclass(frozen=True)
 class FP8Config(LowPrecisionConfig):
     """Settings of ``fp8``."""
 

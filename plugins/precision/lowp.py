@@ -19,7 +19,7 @@ MIN_COMPUTE_CAPABILITY = (10, 0)
 SCALE_MODES = ("rceil", "floor")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LowPrecisionConfig:
     """Settings every low-precision linear-layer plugin has (``mxfp8``, ``fp8``)."""
 
@@ -39,7 +39,7 @@ class LowPrecisionConfig:
     exclude: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MXFP8Config(LowPrecisionConfig):
     """Settings of ``mxfp8`` (emulated: about 2.6x fp32 on a CPU, far slower than bf16 on a GPU)."""
 
@@ -105,7 +105,7 @@ def shown(layers: list[LinearLayer]) -> str:
     return ", ".join(f"{key} (x{len(names)})" if len(names) > 1 else names[0] for key, names in groups.items())
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConversionDecisions:
     """What the plan decided a low-precision plugin converts (the worker converts exactly these)."""
 

@@ -22,7 +22,7 @@ from olmx.api import Context, Contribution, Dtypes, Mesh, PrecisionPlugin, World
 from olmx.errors import ConfigError
 
 
-@dataclass
+@dataclass(frozen=True)
 class HalfcastConfig:
     """Settings of ``precision``."""
 

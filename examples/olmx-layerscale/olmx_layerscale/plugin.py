@@ -26,7 +26,7 @@ from olmx.errors import ConfigError
 BRANCHES = ("attention", "feed_forward")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LayerScaleConfig:
     """Settings of ``layers.layerscale``."""
 

@@ -30,7 +30,7 @@ DEFAULT_FLASH_ATTN_WHEEL = (
 CLUSTER_GPUS_PER_NODE = 8
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunPodConfig(TorchrunConfig):
     """Settings of ``infra=runpod``."""
 

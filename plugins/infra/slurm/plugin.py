@@ -60,7 +60,7 @@ OWN_OPTIONS = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class SlurmContainerConfig:
     """``infra.container``: the image each node's task runs in."""
 
@@ -80,7 +80,7 @@ class SlurmContainerConfig:
     env: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SlurmConfig(TorchrunConfig):
     """Settings of ``infra=slurm``."""
 

@@ -33,7 +33,7 @@ MAX_NGRAM = 16
 VOCAB_MULTIPLE = 5
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngramLayerConfig:
     """Settings of ``layers=[engram]`` (defaults: the official demo, scaled to the run)."""
 
@@ -155,7 +155,7 @@ def choose_sharding(cfg: EngramLayerConfig, *, world: int, table_params: int) ->
     return "1d", (f"auto: {world} ranks and {state / 2**30:,.2f} GiB of replicated table state a rank, over {limit}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngramDecisions:
     """What the plan decided for ``layers=[engram]``."""
 

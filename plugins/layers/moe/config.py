@@ -21,7 +21,7 @@ GATINGS = ("softmax", "sigmoid")
 BACKENDS = ("auto", "portable", "olmo_core")
 
 
-@dataclass
+@dataclass(frozen=True)
 class MoEConfig:
     """Settings of ``layers=[moe]``."""
 
@@ -71,7 +71,7 @@ def expert_hidden(cfg: MoEConfig, model: Any) -> int:
     return cfg.hidden_size if cfg.hidden_size is not None else model.hidden_size
 
 
-@dataclass
+@dataclass(frozen=True)
 class MoEDecisions:
     """What the plan decided for ``layers=[moe]``."""
 

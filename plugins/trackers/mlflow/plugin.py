@@ -36,7 +36,7 @@ WHAT = "every metric, the config, the plan"
 RUN_FILE = "mlflow_run.json"
 
 
-@dataclass
+@dataclass(frozen=True)
 class MLflowConfig:
     """Settings of ``trackers.mlflow``."""
 

@@ -24,7 +24,7 @@ from olmx.api import Context, Contribution, TrackerPlugin, require_package, sett
 from olmx_plugins.trackers.common import check_dir, plan_markdown, tracker_dir
 
 
-@dataclass
+@dataclass(frozen=True)
 class TensorBoardConfig:
     """Settings of ``trackers.tensorboard``."""
 

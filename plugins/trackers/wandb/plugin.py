@@ -33,7 +33,7 @@ KEY_ENV = "WANDB_API_KEY"
 DEFAULT_BASE_URL = "https://api.wandb.ai"
 
 
-@dataclass
+@dataclass(frozen=True)
 class WandBConfig:
     """Settings of ``trackers.wandb``."""
 
