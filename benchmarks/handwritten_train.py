@@ -145,6 +145,7 @@ def main() -> None:
             model_config = TransformerConfig.olmo3_1B(
                 vocab_size=PADDED_VOCAB,
                 attn_backend=AttentionBackendName.flash_2 if flash else AttentionBackendName.torch,
+                init_seed=SEED,  # as olmx's trainer.seed
             )
             dp = TransformerDataParallelConfig(
                 name=DataParallelType.fsdp, param_dtype=DType.bfloat16, reduce_dtype=DType.float32
@@ -167,6 +168,7 @@ def main() -> None:
                 sliding_window=None,
                 feed_forward=FeedForwardConfig(hidden_size=512, bias=False),
                 init_std=0.02,
+                init_seed=SEED,  # olmx seeds the initial weights with trainer.seed
             ).build(init_device="meta")
         )
 

@@ -211,6 +211,8 @@ def main() -> None:
                         f"trainer.save_interval={save_interval}",
                         f"trainer.run_dir={run_dir}",
                         f"infra.nproc_per_node={args.nproc}",
+                        # the hand-written script neither evaluates nor holds sequences out
+                        "eval.interval=0",
                     ]
                     records_file = run_dir / "metrics.jsonl"
                 else:
