@@ -10,8 +10,10 @@ LINTED := olmx plugins tests benchmarks examples scripts
 train: $(STAMP)  ## train the embedded default (tiny model, stdlib corpus, 2 CPU processes)
 	$(BIN)/olmx train $(ARGS)
 
+# One pytest worker per core (pytest-xdist); the tests that share the local Slurm cluster run
+# on one worker, one after another (tests/conftest.py).
 test: $(STAMP)  ## run the test suite (what CI runs)
-	OLMO_DISABLE_PER_RANK_TRITON_CACHE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	OLMO_DISABLE_PER_RANK_TRITON_CACHE=1 $(BIN)/python -m pytest -q -n auto --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff (lint + format) and mypy, as .ci/run and the pre-commit hooks run them
 	$(BIN)/ruff check $(LINTED)

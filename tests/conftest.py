@@ -25,6 +25,14 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test``: one worker per core) the tests of the one local Slurm
+    cluster run on one worker, one after another: its node takes one job at a time."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(autouse=True)
 def _fresh_state(monkeypatch):
     """Each test sees a freshly discovered registry and an uninitialised Hydra."""
