@@ -31,8 +31,8 @@ Decisions a plugin makes there go into :attr:`Contribution.decisions`, are saved
 and read back at build time (:meth:`Plugin.decided`), never recomputed.
 
 A ``Config`` field declares what it allows once, next to its definition, with
-:func:`setting` (``top_k: int = setting(2, ge=1)``, ``gating: str = setting("softmax",
-choices=GATINGS)``): the core checks those rules before any hook sees the config, and
+:func:`setting` (``top_k: int = setting(2, ge=1)``; a closed choice is a ``StrEnum``: ``gating: Gating =
+setting(Gating.softmax)``): the core checks those rules before any hook sees the config, and
 ``olmx plugins show`` prints them. ``resolve`` checks only what joins several values.
 
 Importing a plugin's module must be cheap: no torch and no OLMo-core at module level (import

@@ -32,7 +32,7 @@ def conf_dir() -> Path:
 
 def _defaults_of(config_cls: type) -> dict[str, Any]:
     """The defaults of a config dataclass as plain data (every field has one)."""
-    return dataclasses.asdict(config_cls())
+    return rules.plain(dataclasses.asdict(config_cls()))
 
 
 #: Sections whose keys are names the user chooses (``data.sources.web.paths=[...]``): open to
@@ -285,6 +285,7 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
             plugin = _plugin(reg, kind, group, name)
             typed[name] = _typed(plugin.Config, values or {}, config_section(kind, name))
         sections[group] = typed
+    rules.check_choices(RunConfig, container, "")
     try:
         base = OmegaConf.merge(_schema(RunConfig), container)
         run = OmegaConf.to_object(base)
@@ -333,6 +334,7 @@ def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    rules.check_choices(config_cls, values, where)
     try:
         merged = OmegaConf.merge(_schema(config_cls), values)
         obj = OmegaConf.to_object(merged)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+from enum import Enum
 from typing import Any
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:")
@@ -57,7 +58,8 @@ def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, s
             rows += schema_rows(type(default), prefix=f"{key}.")
             continue
         typ = hints.get(f.name, f.type)
-        rows.append((key, _type_name(typ), repr(default), allowed(f), docs.get(f.name, "")))
+        shown = repr(default.value) if isinstance(default, Enum) else repr(default)
+        rows.append((key, _type_name(typ), shown, allowed(f), docs.get(f.name, "")))
     return rows
 
 
@@ -72,6 +74,13 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def _type_name(t: Any) -> str:
     import typing
+
+    if isinstance(t, type) and issubclass(t, Enum):  # a closed choice is written as a string
+        return "str"
+    options = [a for a in typing.get_args(t) if a is not type(None)]
+    if typing.get_origin(t) is not None and len(options) == 1 and isinstance(options[0], type):
+        if issubclass(options[0], Enum):
+            return "Optional[str]"
 
     generic = typing.get_origin(t) is not None  # Optional[int], list[str]: their name drops the args
     text = t if isinstance(t, str) else str(t) if generic else getattr(t, "__name__", None) or str(t)

@@ -5,7 +5,7 @@ A field declares what it allows with :func:`setting` in place of a bare default:
     #: Optimizer steps to train for.
     max_steps: int = setting(200, ge=1)
     #: Learning-rate schedule after warm-up.
-    schedule: str = setting("cosine", choices=("cosine", "linear", "constant"))
+    schedule: LRSchedule = setting(LRSchedule.cosine)   # class LRSchedule(StrEnum): cosine = "cosine"; ...
 
 :func:`check` walks a config dataclass (its nested sections and dicts of sections) and raises
 :class:`~olmx.errors.ConfigError` naming the first field whose value its rule refuses, what the
@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from olmx.errors import ConfigError
 
-__all__ = ["Rule", "setting", "rule_of", "allowed", "check"]
+__all__ = ["Rule", "setting", "rule_of", "allowed", "check", "check_choices", "plain"]
 
 #: The ``dataclasses.field`` metadata key a :class:`Rule` is stored under.
 RULE_KEY = "olmx.rule"
@@ -120,7 +122,7 @@ def setting(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
-    choices: tuple[str, ...] | None = None,
+    choices: type[Enum] | tuple[str, ...] | None = None,
     length: int | None = None,
     items: bool = False,
     integer: bool | None = None,
@@ -128,11 +130,17 @@ def setting(
 ) -> Any:
     """A dataclass field with ``default`` (or ``factory``) and the rule its values obey.
     ``integer`` defaults to whether ``default`` is an int (the text says "integer");
-    ``divides`` names a field of the same section the value must divide."""
+    ``divides`` names a field of the same section the value must divide. A closed choice is a
+    ``StrEnum`` field (its members' values are what users write): its values are the rule's
+    ``choices``, taken from the default's enum, or from ``choices`` (the enum) where the default
+    is None; a ``str`` field may list its values in ``choices`` instead."""
     if integer is None:
         integer = isinstance(default, int) and not isinstance(default, bool)
+    if choices is None and isinstance(default, Enum):
+        choices = type(default)
+    values = tuple(m.value for m in choices) if isinstance(choices, type) else choices
     rule = Rule(
-        ge=ge, gt=gt, le=le, lt=lt, choices=choices, length=length, items=items, integer=integer, divides=divides
+        ge=ge, gt=gt, le=le, lt=lt, choices=values, length=length, items=items, integer=integer, divides=divides
     )
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata={RULE_KEY: rule})
@@ -149,6 +157,62 @@ def allowed(f: dataclasses.Field) -> str:
     """What ``f`` allows, in words (empty: anything its type admits)."""
     rule = rule_of(f)
     return rule.describe() if rule else ""
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every enum member replaced by its value (dicts and lists walked)."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def check_choices(cls: type, values: Any, where: str) -> None:
+    """Raise :class:`ConfigError` at the first closed choice in the plain ``values`` of the
+    dataclass ``cls`` that is none of its values, as :func:`check` words it (before OmegaConf,
+    which would turn the string into the enum member and word a refusal its own way); nested
+    sections and dicts of sections are walked."""
+    if not isinstance(values, dict):
+        return
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            continue
+        value, key = values[f.name], f"{where}.{f.name}" if where else f.name
+        rule = rule_of(f)
+        if rule is not None and rule.choices is not None and value is not None and value not in rule.choices:
+            raise ConfigError(key, _message(rule, value, optional=_optional(f)))
+        inner = _dataclass_in(hints.get(f.name))
+        if inner is not None and isinstance(value, dict):
+            check_choices(inner, value, key)
+        elif _dict_of_dataclass(hints.get(f.name)) is not None and isinstance(value, dict):
+            for name, item in value.items():
+                check_choices(_dict_of_dataclass(hints[f.name]), item, f"{key}.{name}")  # type: ignore[arg-type]
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 -- a plugin's unresolvable annotation: nothing nested to walk
+        return {}
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    """The dataclass ``tp`` is, or that ``Optional[tp]`` holds."""
+    options = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) else [tp]
+    if len(options) == 1 and isinstance(options[0], type) and dataclasses.is_dataclass(options[0]):
+        return options[0]
+    return None
+
+
+def _dict_of_dataclass(tp: Any) -> type | None:
+    """The dataclass of the values of ``dict[str, tp]``."""
+    if typing.get_origin(tp) is dict and len(typing.get_args(tp)) == 2:
+        return _dataclass_in(typing.get_args(tp)[1])
+    return None
 
 
 def check(config: Any, where: str) -> None:

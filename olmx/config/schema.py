@@ -8,33 +8,81 @@ plugins' own ``Config`` dataclasses in :func:`olmx.config.compose.to_object`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Optional
 
 from olmx.config.rules import setting
 
-#: ``model.block``: OLMo-core's pre-norm block and its OLMo 2/3 post-norm block.
-BLOCKS = ("default", "reordered_norm")
-#: ``model.attn_backend``.
-ATTN_BACKENDS = ("auto", "torch", "flash_2", "flash_3", "te")
+
+class Block(StrEnum):
+    """``model.block``: OLMo-core's pre-norm block and its OLMo 2/3 post-norm block."""
+
+    default = "default"
+    reordered_norm = "reordered_norm"
+
+
+class AttnBackend(StrEnum):
+    """``model.attn_backend``."""
+
+    auto = "auto"
+    torch = "torch"
+    flash_2 = "flash_2"
+    flash_3 = "flash_3"
+    te = "te"
+
+
 #: Upper bound of ``model.n_layers``.
 MAX_LAYERS = 1024
-#: ``data.name``.
-DATA_SOURCES = ("stdlib", "text", "numpy")
+
+
+class DataSource(StrEnum):
+    """``data.name``."""
+
+    stdlib = "stdlib"
+    text = "text"
+    numpy = "numpy"
+
+
 #: Upper bound of ``data.seq_len``: longer sequences are a typo, not a run (OLMo-core keeps
 #: RoPE tables and attention over the whole sequence; 1 Mi tokens is beyond any olmx recipe,
 #: conf/experiment/long_context.yaml suggests up to 131,072).
 MAX_SEQ_LEN = 1 << 20
-#: ``trainer.schedule``.
-SCHEDULES = ("cosine", "linear", "constant")
-#: ``trainer.optimizer``.
-OPTIMIZERS = ("skip_step_adamw", "adamw")
-#: ``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block) and olmx's
-#: ``long_context`` (olmx.worker.train.LONG_CONTEXT_AC_MODULES). OLMo-core's ``selected_ops``
-#: is not offered: with torch 2.13 its recompute fails in RoPE ("aten.alias.default invocation
-#: index 4 encountered during backward but not found in storage", benchmarks/results/ulysses.md).
-AC_MODES = ("full", "long_context")
-#: ``trainer.on_nonfinite``.
-ON_NONFINITE = ("stop", "skip")
+
+
+class LRSchedule(StrEnum):
+    """``trainer.schedule``."""
+
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+
+
+class Optimizer(StrEnum):
+    """``trainer.optimizer``."""
+
+    skip_step_adamw = "skip_step_adamw"
+    adamw = "adamw"
+
+
+class ActivationCheckpointing(StrEnum):
+    """``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block), olmx's
+    ``long_context`` (olmx.worker.train.LONG_CONTEXT_AC_MODULES) and ``auto`` (the plan
+    chooses). OLMo-core's ``selected_ops`` is not offered: with torch 2.13 its recompute fails
+    in RoPE ("aten.alias.default invocation index 4 encountered during backward but not found
+    in storage", benchmarks/results/ulysses.md)."""
+
+    full = "full"
+    long_context = "long_context"
+    auto = "auto"
+
+
+class OnNonfinite(StrEnum):
+    """``trainer.on_nonfinite``: how the step guard treats a non-finite loss or gradient."""
+
+    stop = "stop"
+    skip = "skip"
+
+
 #: The value of a setting the plan chooses (``parallel=auto``,
 #: ``trainer.activation_checkpointing=auto``, ``parallel.ulysses.degree=auto``).
 AUTO = "auto"
@@ -59,7 +107,7 @@ class ModelConfig:
     #: Hidden width of the gated (SwiGLU) feed-forward network.
     hidden_size: int = setting(512, ge=1)
     #: OLMo-core block type: ``default`` (pre-norm) or ``reordered_norm`` (OLMo 2/3 post-norm).
-    block: str = setting("default", choices=BLOCKS)
+    block: Block = setting(Block.default)
     #: RMS-normalise queries and keys (OLMo 2/3).
     qk_norm: bool = False
     #: RoPE base.
@@ -73,7 +121,7 @@ class ModelConfig:
     #: installed, else flash-attn 2 where installed, else torch SDPA; torch SDPA otherwise),
     #: ``torch``, ``flash_2``, ``flash_3`` (flash-attn takes only 16-bit inputs: refused with
     #: float32 compute), ``te`` (TransformerEngine).
-    attn_backend: str = setting("auto", choices=ATTN_BACKENDS)
+    attn_backend: AttnBackend = setting(AttnBackend.auto)
     #: Standard deviation of the normal initialisation.
     init_std: float = setting(0.02, gt=0)
     #: A local Hugging Face ``transformers`` checkpoint directory (``config.json`` plus
@@ -142,7 +190,7 @@ class DataConfig:
 
     #: ``stdlib`` (the ``.py`` files of the running Python's standard library), ``text``
     #: (your text files in ``paths``) or ``numpy`` (pre-tokenized OLMo-core token files).
-    name: str = setting("stdlib", choices=DATA_SOURCES)
+    name: DataSource = setting(DataSource.stdlib)
     #: Input files or globs, each matched file read in the given order (a directory is refused:
     #: name its files, ``dir/*.npy``). ``text``: text files, tokenized byte-level. ``numpy``:
     #: OLMo-core token files: raw arrays of ids in the dtype ``data.tokenizer.vocab_size``
@@ -187,7 +235,7 @@ class TrainerConfig:
     #: AdamW that skips, on the device and without a host sync, a step whose loss or gradient
     #: norm is more than 6 standard deviations above the mean of the last 128 steps, once 64
     #: steps are known) or ``adamw`` (``torch.optim.AdamW``). Multi-tensor kernels on CUDA.
-    optimizer: str = setting("skip_step_adamw", choices=OPTIMIZERS)
+    optimizer: Optimizer = setting(Optimizer.skip_step_adamw)
     #: Peak learning rate.
     lr: float = setting(3e-3, gt=0)
     #: AdamW betas.
@@ -201,7 +249,7 @@ class TrainerConfig:
     warmup_steps: int = setting(20, ge=0)
     #: Learning-rate schedule after warm-up: ``cosine`` (to 10% of the peak), ``linear``
     #: (to 0) or ``constant``.
-    schedule: str = setting("cosine", choices=SCHEDULES)
+    schedule: LRSchedule = setting(LRSchedule.cosine)
     #: Gradient clipping by global norm (null disables).
     max_grad_norm: Optional[float] = setting(1.0, gt=0)
     #: Z-loss multiplier (null disables).
@@ -225,7 +273,7 @@ class TrainerConfig:
     #: keep attention outputs, recompute feed-forward and norms), null for none, or ``auto``:
     #: the cheapest of none < long_context < full whose estimated peak memory fits the device
     #: (on CPUs: this machine's RAM divided by its processes); the plan says which and why.
-    activation_checkpointing: Optional[str] = setting(None, choices=(*AC_MODES, AUTO))
+    activation_checkpointing: Optional[ActivationCheckpointing] = setting(None, choices=ActivationCheckpointing)
     #: Choose ``micro_batch_size`` from the memory estimate: the largest divisor of the
     #: per-rank batch (``global_batch_size`` / data-parallel ranks) whose estimated peak fits
     #: the device, tried after the layout and checkpointing (a smaller micro-batch only adds
@@ -245,7 +293,7 @@ class TrainerConfig:
     #: What a non-finite (NaN/inf) loss or gradient does: ``stop`` saves a checkpoint of the
     #: last good parameters and stops (``olmx train`` exits with 76); ``skip`` skips that
     #: optimizer step, counts it in the summary and trains on.
-    on_nonfinite: str = setting("stop", choices=ON_NONFINITE)
+    on_nonfinite: OnNonfinite = setting(OnNonfinite.stop)
     #: When ``olmx train`` ends (finished, stopped or failed), write the run's report
     #: (``RUN_DIR/report/``: summary table and plots, as ``olmx report RUN_DIR``) and say where.
     report: bool = True

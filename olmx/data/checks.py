@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from olmx.api import Mesh
-from olmx.config.schema import RunConfig
+from olmx.config.schema import DataSource, RunConfig
 from olmx.errors import ConfigError
 
 #: Byte-level data (``data=stdlib``/``text``): ids 0-255 are bytes and olmx writes ``uint16``
@@ -301,7 +301,7 @@ def _eval_data(run: RunConfig) -> int:
     from olmx.data import splits as sources
 
     d, seq = run.data, run.data.seq_len
-    kind = "numpy" if d.name == "numpy" else "text"
+    kind = DataSource.numpy if d.name == DataSource.numpy else DataSource.text
     try:
         files = tokens.corpus_files(run.eval.data, example="*.npy" if kind == "numpy" else "*")
         if kind == "numpy":

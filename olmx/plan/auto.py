@@ -35,12 +35,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from olmx.api import ADD_ON_CAPABILITIES, PARALLEL_CAPABILITIES, World
-from olmx.config.schema import AUTO, RunConfig
+from olmx.config.schema import AUTO, ActivationCheckpointing, RunConfig
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan.memory import GIB, gib, usable_gib
 
 #: ``trainer.activation_checkpointing`` by recompute, cheapest first.
-AC_BY_COST: tuple[str | None, ...] = (None, "long_context", "full")
+AC_BY_COST: tuple[ActivationCheckpointing | None, ...] = (
+    None,
+    ActivationCheckpointing.long_context,
+    ActivationCheckpointing.full,
+)
 #: Trials shown in the plan before the chosen one (the rest are counted).
 SHOWN = 6
 

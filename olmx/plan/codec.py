@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from enum import Enum
 from typing import Any, TypeVar, Union
 
 from olmx.api import CONFIG_GROUPS, SINGLE_KINDS
@@ -28,6 +29,8 @@ def to_data(obj: Any) -> Any:
         return {k: to_data(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_data(v) for v in obj]
+    if isinstance(obj, Enum):  # a closed choice: the value users write
+        return obj.value
     return obj
 
 
@@ -73,6 +76,13 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         return _convert(options[0], value, where) if len(options) == 1 else value
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return from_data(tp, value, where=where)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise PlanDataError(
+                f"{where}: expected one of {', '.join(str(m.value) for m in tp)}, got {_show(value)}"
+            ) from None
     if origin in (list, tuple, dict) or tp in (int, float, str, bool):
         expected = (origin or tp).__name__
         if origin is dict and not isinstance(value, dict):

@@ -68,7 +68,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from olmx.api import FF_H, Mesh, World
-from olmx.config.schema import RunConfig
+from olmx.config.schema import ActivationCheckpointing, RunConfig
 
 GIB = 1 << 30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
@@ -295,7 +295,7 @@ def check(
         tries.append(
             (
                 "trainer.activation_checkpointing=full",
-                replace(run, trainer=replace(t, activation_checkpointing="full")),
+                replace(run, trainer=replace(t, activation_checkpointing=ActivationCheckpointing.full)),
                 mesh,
             )
         )

@@ -156,23 +156,37 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
     )
 
 
+#: Mesh dimensions a layer plugin must declare support for: (dimension, the plugin's
+#: capability, the parallelism's name, what goes wrong without it, what to do instead).
+LAYER_DIMS = (
+    (
+        "tp",
+        "tensor_parallel",
+        "tensor",
+        "its modules would meet sliced weights and a sequence-sharded residual stream",
+        "drop the tensor-parallel strategy",
+    ),
+    (
+        "pp",
+        "pipeline_parallel",
+        "pipeline",
+        "its blocks would sit on stages that see only the previous stage's hidden states",
+        "drop the pipeline strategy (shard with fsdp instead)",
+    ),
+)
+
+
 def check_tensor_parallel(ctx: Context) -> None:
     """Tensor and pipeline parallelism need every layer plugin of the run to support them."""
     for plugin, _ in ctx.layers:
-        if ctx.mesh.tp > 1 and not plugin.tensor_parallel:
-            raise ConfigError(
-                plugin.section,
-                f"does not support tensor parallelism (the mesh has tp={ctx.mesh.tp}): its modules would meet "
-                f"sliced weights and a sequence-sharded residual stream; drop the tensor-parallel strategy "
-                f"or layers=[...,{plugin.name}]",
-            )
-        if ctx.mesh.pp > 1 and not plugin.pipeline_parallel:
-            raise ConfigError(
-                plugin.section,
-                f"does not support pipeline parallelism (the mesh has pp={ctx.mesh.pp}): its blocks would sit on "
-                f"stages that see only the previous stage's hidden states; drop the pipeline strategy (shard with "
-                f"fsdp instead) or layers=[...,{plugin.name}]",
-            )
+        for dim, capability, kind, why, instead in LAYER_DIMS:
+            size = getattr(ctx.mesh, dim)
+            if size > 1 and not getattr(plugin, capability):
+                raise ConfigError(
+                    plugin.section,
+                    f"does not support {kind} parallelism (the mesh has {dim}={size}): {why}; "
+                    f"{instead} or layers=[...,{plugin.name}]",
+                )
 
 
 def _provides(reg: Registry, name: str, capability: str) -> bool:

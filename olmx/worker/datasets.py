@@ -29,6 +29,7 @@ from olmo_core.data.source_mixture import SourceMixtureDatasetConfig
 from olmo_core.eval.lm_evaluator import LMEvaluator
 from olmo_core.train.callbacks import EvaluatorCallback
 
+from olmx.config.schema import DataSource
 from olmx.data.splits import (
     SourceSplit,
     eval_batch,
@@ -245,7 +246,7 @@ def eval_arrays(plan: Plan, splits: list[SourceSplit]) -> list[str]:
     run = plan.run
     if run.eval.data:
         data = run.data
-        kind = "numpy" if data.name == "numpy" else "text"
+        kind = DataSource.numpy if data.name == DataSource.numpy else DataSource.text
         return token_files(dataclasses.replace(data, name=kind, paths=list(run.eval.data), sources={}))
     return [write_holdout(splits, plan)]
 

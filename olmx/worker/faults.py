@@ -69,9 +69,6 @@ log = logging.getLogger(__name__)
 
 #: The environment variable of :func:`inject`.
 FAULTS_ENV = "OLMX_FAULTS"
-#: How :class:`TrainingGuard` treats a non-finite loss or gradient.
-ON_NONFINITE = ("stop", "skip")
-
 _fault_dir: Path | None = None
 
 

@@ -12,6 +12,7 @@ plan's dtypes after the parallel plugins ran.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from olmx.api import Context, Contribution, Layout, ParallelPlugin, World, setting
@@ -90,7 +91,12 @@ class ReplicatedStrategy(DataParallelStrategy):
         return {"olmx_zero2": keep_gathered_callback()} if cfg.distributed_optimizer else {}
 
 
-WRAPPING = ("full", "blocks", "fine_grained")
+class Wrapping(StrEnum):
+    """Values of ``wrapping_strategy`` (OLMo-core's ``TransformerDataParallelWrappingStrategy``)."""
+
+    full = "full"
+    blocks = "blocks"
+    fine_grained = "fine_grained"
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ class FSDPConfig:
 
     #: OLMo-core wrapping strategy: ``full`` (each block and the LM head), ``blocks`` (each
     #: block; the LM head stays with the root) or ``fine_grained`` (modules inside blocks too).
-    wrapping_strategy: str = setting("full", choices=WRAPPING)
+    wrapping_strategy: Wrapping = setting(Wrapping.full)
     #: Blocks whose all-gather is issued ahead of use (0 = FSDP's default of one).
     prefetch_factor: int = setting(0, ge=0)
 

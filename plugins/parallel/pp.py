@@ -21,6 +21,7 @@ one optimizer step through the pipeline; fewer than the stages leave stages idle
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Optional
 
 from olmx.api import Context, Contribution, ParallelPlugin, World, setting
@@ -28,6 +29,17 @@ from olmx.errors import ConfigError
 
 #: OLMo-core's schedules (``PipelineScheduleType``) -> stages per rank (1: single-stage).
 SCHEDULES = {"1F1B": 1, "GPipe": 1, "Interleaved1F1B": 2, "LoopedBFS": 2, "InterleavedZeroBubble": 2}
+#: ``schedule``'s closed choice (the names are OLMo-core's ``PipelineScheduleType`` values).
+Schedule = StrEnum(
+    "Schedule",
+    [
+        ("1F1B", "1F1B"),
+        ("GPipe", "GPipe"),
+        ("Interleaved1F1B", "Interleaved1F1B"),
+        ("LoopedBFS", "LoopedBFS"),
+        ("InterleavedZeroBubble", "InterleavedZeroBubble"),
+    ],
+)
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,7 @@ class PipelineParallelConfig:
     #: backwards). Two stages per rank: ``Interleaved1F1B`` (a smaller bubble), ``LoopedBFS``,
     #: ``InterleavedZeroBubble``. null: ``Interleaved1F1B`` where the blocks make ``2 x degree``
     #: stages, else ``1F1B``.
-    schedule: Optional[str] = setting(None, choices=tuple(SCHEDULES))
+    schedule: Optional[Schedule] = setting(None, choices=Schedule)
 
 
 def schedule_of(cfg: PipelineParallelConfig, n_layers: int) -> str:

@@ -26,6 +26,7 @@ before any parallelism, where OLMo-core's ``parallelize_model`` applies ``float8
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from olmx.api import Context, Contribution, setting
@@ -42,6 +43,16 @@ from olmx_plugins.precision.lowp import (
 
 #: Recipe -> the compute capability its scaled GEMMs need.
 RECIPES: dict[str, tuple[int, int]] = {"tensorwise": (8, 9), "rowwise": (9, 0), "rowwise_with_gw_hp": (9, 0)}
+
+
+class Recipe(StrEnum):
+    """Values of ``recipe`` (torchao's ``Float8LinearRecipeName``)."""
+
+    tensorwise = "tensorwise"
+    rowwise = "rowwise"
+    rowwise_with_gw_hp = "rowwise_with_gw_hp"
+
+
 #: ``torch._scaled_mm`` needs every GEMM dimension to be a multiple of this.
 ALIGNMENT = 16
 
@@ -51,7 +62,7 @@ class FP8Config(LowPrecisionConfig):
     """Settings of ``fp8``."""
 
     #: torchao float8 recipe: ``tensorwise`` (SM89+), ``rowwise`` or ``rowwise_with_gw_hp`` (SM90+).
-    recipe: str = setting("tensorwise", choices=tuple(RECIPES))
+    recipe: Recipe = setting(Recipe.tensorwise)
 
 
 class FP8Precision(LowPrecisionPlugin):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from olmx.api import Context, Dtypes, LinearLayer, Mesh, PrecisionPlugin, World, setting
@@ -16,7 +17,13 @@ from olmx.errors import ConfigError
 BLOCK_SIZE = 32
 #: Compute capability from which MX block-scaled FP8 tensor cores exist (Blackwell: B200, GB200, B300).
 MIN_COMPUTE_CAPABILITY = (10, 0)
-SCALE_MODES = ("rceil", "floor")
+
+
+class ScaleMode(StrEnum):
+    """Values of ``scale_calculation_mode`` (torchao's ``ScaleCalculationMode``)."""
+
+    rceil = "rceil"
+    floor = "floor"
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ class MXFP8Config(LowPrecisionConfig):
     #: How each block's E8M0 scale is chosen: ``rceil`` (2^ceil(log2(amax/448)), no element
     #: saturates; NVIDIA cuBLAS, OLMo-core's standard recipe) or ``floor`` (OCP's basic rule;
     #: saturates the largest elements of a block).
-    scale_calculation_mode: str = setting("rceil", choices=SCALE_MODES)
+    scale_calculation_mode: ScaleMode = setting(ScaleMode.rceil)
 
 
 def keep_reason(

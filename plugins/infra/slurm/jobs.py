@@ -22,6 +22,7 @@ import shlex
 import subprocess
 import time as _time
 from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
 
 from olmx.errors import LaunchError
@@ -67,11 +68,21 @@ HELD_STATES = frozenset({"REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD"})
 
 #: How the batch script asks for GPUs: ``--gpus-per-node=[type:]N`` or, for clusters that
 #: configure GPUs only as generic resources, ``--gres=gpu[:type]:N``.
-GPU_REQUESTS = ("gpus-per-node", "gres")
+GpuRequest = StrEnum("GpuRequest", [("gpus-per-node", "gpus-per-node"), ("gres", "gres")])
+GPU_REQUESTS = tuple(m.value for m in GpuRequest)
+
 
 #: Container runtimes of the batch script: pyxis (``srun --container-image``, enroot images)
 #: and Apptainer or SingularityCE (``apptainer|singularity exec IMAGE ...`` in each srun task).
-CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
+class ContainerRuntime(StrEnum):
+    """:data:`CONTAINER_RUNTIMES` as the config's closed choice."""
+
+    pyxis = "pyxis"
+    apptainer = "apptainer"
+    singularity = "singularity"
+
+
+CONTAINER_RUNTIMES = tuple(m.value for m in ContainerRuntime)
 
 # Values that land in `#SBATCH --opt=value` lines, which sbatch splits on whitespace itself.
 _OPTION_VALUE = re.compile(r"[^\s'\"\\]+")

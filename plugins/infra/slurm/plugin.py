@@ -26,7 +26,7 @@ from olmx.api import InfraPlugin, World, setting
 from olmx.errors import ConfigError, LaunchError, RunFailed
 from olmx.launch import TorchrunConfig, torchrun_env
 from olmx.rundir import RunDir, tail
-from olmx_plugins.infra.slurm.jobs import CONTAINER_RUNTIMES, GPU_REQUESTS
+from olmx_plugins.infra.slurm.jobs import ContainerRuntime, GpuRequest
 
 #: File in the run directory that holds the submitted batch script.
 SCRIPT_FILE = "sbatch.sh"
@@ -67,7 +67,7 @@ class SlurmContainerConfig:
     #: ``pyxis`` (``srun --container-image``; enroot images: ``nvcr.io#nvidia/pytorch:25.01-py3``,
     #: a ``.sqsh`` file), ``apptainer`` or ``singularity`` (``apptainer exec IMAGE`` inside each
     #: srun task, ``--nv`` with GPUs; a ``.sif`` file, a sandbox folder, ``docker://...``).
-    runtime: str = setting("pyxis", choices=CONTAINER_RUNTIMES)
+    runtime: ContainerRuntime = setting(ContainerRuntime.pyxis)
     #: The image; null: no container (the nodes' own environment).
     image: Optional[str] = None
     #: Host paths seen in the container, each ``/src:/dst`` or ``/src:/dst:ro`` (pyxis
@@ -92,7 +92,7 @@ class SlurmConfig(TorchrunConfig):
     #: How the job asks for GPUs: ``gpus-per-node`` (``--gpus-per-node=N``, ``=h100:N`` with a
     #: type) or ``gres`` (``--gres=gpu:N``, ``gpu:h100:N``: for clusters that configure GPUs
     #: only as generic resources); srun is given the same option.
-    gpu_request: str = setting("gpus-per-node", choices=GPU_REQUESTS)
+    gpu_request: GpuRequest = setting(GpuRequest("gpus-per-node"))
     #: Slurm's GPU type name (the cluster's gres.conf ``Type``, e.g. ``h100``) in that option;
     #: null: any GPU. (``infra.gpu_name`` is the model olmx plans for.)
     gpu_type: Optional[str] = None

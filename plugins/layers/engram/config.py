@@ -12,12 +12,13 @@ Torch-free: the plan imports this module.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Optional
 
 from olmx.api import setting
 
 #: Values of ``sharding``: ``auto`` and those of :class:`~.sharding.TableSharding`.
-SHARDINGS = ("auto", "replicated", "1d", "2d")
+Sharding = StrEnum("Sharding", [("auto", "auto"), ("replicated", "replicated"), ("1d", "1d"), ("2d", "2d")])
 #: ``sharding=auto`` shards (``1d``) where the world has more than one rank and the tables'
 #: replicated training state (:data:`STATE_BYTES_PER_PARAM` per parameter) exceeds this: 1 GiB
 #: per rank, ~67M table parameters. Below it the dense all-reduce of a replicated table costs
@@ -66,7 +67,7 @@ class EngramLayerConfig:
     #: ``1d`` where the world has more than one rank and the tables' replicated training state
     #: (16 bytes a parameter: weight, gradient, Adam's moments) exceeds
     #: :data:`AUTO_SHARD_MIN_BYTES` (1 GiB) per rank, else ``replicated``; the plan says which.
-    sharding: str = setting("auto", choices=SHARDINGS)
+    sharding: Sharding = setting(Sharding("auto"))
     #: Ranks per shard group for ``sharding=2d``.
     shard_degree: Optional[int] = setting(None, ge=1, integer=True)
     #: Learning-rate multiplier of the tables' own parameter group (the paper: Adam, 5x the

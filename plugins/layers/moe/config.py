@@ -11,14 +11,25 @@ Torch-free: the plan imports this module.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Optional
 
 from olmx.api import setting
 
-#: Values of ``gating``.
-GATINGS = ("softmax", "sigmoid")
-#: Values of ``backend``.
-BACKENDS = ("auto", "portable", "olmo_core")
+
+class Gating(StrEnum):
+    """Values of ``gating``."""
+
+    softmax = "softmax"
+    sigmoid = "sigmoid"
+
+
+class Backend(StrEnum):
+    """Values of ``backend``."""
+
+    auto = "auto"
+    portable = "portable"
+    olmo_core = "olmo_core"
 
 
 @dataclass(frozen=True)
@@ -32,7 +43,7 @@ class MoEConfig:
     #: Hidden width of each routed expert's SwiGLU; null means the model's FFN width.
     hidden_size: Optional[int] = setting(None, ge=1, integer=True)
     #: Router scores: ``softmax`` over experts or ``sigmoid`` per expert.
-    gating: str = setting("softmax", choices=GATINGS)
+    gating: Gating = setting(Gating.softmax)
     #: Divide the top-k combine weights by their p-norm (1.0 makes them sum to one); null: off.
     normalize_expert_weights: Optional[float] = setting(None, gt=0)
     #: Aux-loss-free balancing: per-step expert-bias change (DeepSeek-V3: 0.001); null: off.
@@ -56,7 +67,7 @@ class MoEConfig:
     #: because olmx has not yet run the olmo_core path on a GPU (its parity test is marked gpu)
     #: and the two paths' checkpoints differ in their MoE keys (a resume must keep its backend);
     #: the plan says which and why.
-    backend: str = setting("auto", choices=BACKENDS)
+    backend: Backend = setting(Backend.auto)
 
 
 def moe_blocks(cfg: MoEConfig, n_layers: int) -> list[int]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,8 +26,14 @@ from olmx.api import Context, Contribution, TrackerPlugin, require_package, sett
 from olmx.errors import ConfigError
 from olmx_plugins.trackers.common import check_dir, tracker_dir
 
-#: ``trackers.wandb.mode`` values.
-MODES = ("offline", "online")
+
+class Mode(StrEnum):
+    """``trackers.wandb.mode`` values."""
+
+    offline = "offline"
+    online = "online"
+
+
 #: The environment variable ``wandb`` reads its API key from (online mode).
 KEY_ENV = "WANDB_API_KEY"
 #: The W&B server ``wandb`` talks to when neither ``base_url`` nor ``WANDB_BASE_URL`` says otherwise.
@@ -41,7 +48,7 @@ class WandBConfig:
     #: later with ``wandb sync``) or ``online`` (sent to the W&B server while training; needs
     #: ``WANDB_API_KEY`` in the environment of the launch and of the processes that train, never
     #: in the config).
-    mode: str = setting("offline", choices=MODES)
+    mode: Mode = setting(Mode.offline)
     #: W&B project.
     project: str = "olmx"
     #: W&B entity (user or team); null: the API key's default entity.
