@@ -16,7 +16,7 @@ from typing import Any
 
 from olmx.api import CONFIG_GROUPS, SINGLE_KINDS, config_section
 from olmx.config import rules
-from olmx.config.schema import AUTO, AutoParallelConfig, RunConfig
+from olmx.config.schema import AUTO, AutoParallelConfig, RunConfig, SourceConfig
 from olmx.errors import ConfigError
 from olmx.registry import Registry
 
@@ -285,6 +285,11 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
             plugin = _plugin(reg, kind, group, name)
             typed[name] = _typed(plugin.Config, values or {}, config_section(kind, name))
         sections[group] = typed
+    # data.sources' entries are typed one by one, as the plugin sections are: OmegaConf would
+    # create each new key's node from the frozen SourceConfig read-only, then fail to fill it
+    data = container.get("data")
+    raw_sources = (data.pop("sources", None) if isinstance(data, dict) else None) or {}
+    sources = {name: _typed(SourceConfig, values or {}, f"data.sources.{name}") for name, values in raw_sources.items()}
     rules.check_choices(RunConfig, container, "")
     try:
         base = OmegaConf.merge(_schema(RunConfig), container)
@@ -293,7 +298,7 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
         raise _config_error(exc, reg) from None
     assert isinstance(run, RunConfig)
     rules.check(run, "")  # the core sections (the plugin sections are not set yet: checked by _typed)
-    return dataclasses.replace(run, **sections)
+    return dataclasses.replace(run, data=dataclasses.replace(run.data, sources=sources), **sections)
 
 
 def _plugin(reg: Registry, kind: str, group: str, name: str) -> Any:
