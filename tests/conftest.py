@@ -23,6 +23,13 @@ def pytest_configure(config):
     CLI processes the tests start handle Ctrl-C as they do from a terminal."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment, which rich
+    # reads once, when olmx.cli builds its consoles: the tests that set COLUMNS for the CLI
+    # they invoke in-process would still get 80 columns. Without them, as in a plain pytest
+    # run, rich asks the environment at each print.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -68,7 +68,9 @@ def test_each_state_in_one_line_and_as_json(tmp_path, reference_run):
     assert rows["b-stopped"]["loss"] == 4.7 and rows["b-stopped"]["tokens"] == 1536
 
     assert table.returncode == 0, table.stderr
-    assert all(len(line) <= 80 for line in table.stdout.splitlines()), table.stdout
+    # the table fits 80 columns; its title names the root folder, a path as long as it is
+    title, *lines = table.stdout.splitlines()
+    assert title == f"olmx runs in {root}" and all(len(line) <= 80 for line in lines), table.stdout
     for name in rows:
         assert name in table.stdout
     assert "12/12" in table.stdout and "?" in table.stdout  # the cut plan's max_steps
