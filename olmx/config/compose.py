@@ -271,6 +271,8 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
     sections: dict[str, Any] = {}
     for kind, group in CONFIG_GROUPS.items():
         raw = container.pop(group, {}) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(group, f"expected a section ({group}=NAME or {group}.NAME.KEY=VALUE), got {raw!r}")
         if kind in SINGLE_KINDS:
             raw = dict(raw)
             name = raw.pop("name", None)
@@ -289,6 +291,9 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
     # create each new key's node from the frozen SourceConfig read-only, then fail to fill it
     data = container.get("data")
     raw_sources = (data.pop("sources", None) if isinstance(data, dict) else None) or {}
+    if not isinstance(raw_sources, dict):
+        message = f"expected named sources (data.sources.NAME.paths=[...]), got {raw_sources!r}"
+        raise ConfigError("data.sources", message)
     sources = {name: _typed(SourceConfig, values or {}, f"data.sources.{name}") for name, values in raw_sources.items()}
     rules.check_choices(RunConfig, container, "")
     try:
@@ -339,6 +344,8 @@ def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    if not isinstance(values, dict):
+        raise ConfigError(where, f"expected a section of keys ({where}.KEY=VALUE), got {values!r}")
     rules.check_choices(config_cls, values, where)
     try:
         merged = OmegaConf.merge(_schema(config_cls), values)

@@ -92,6 +92,8 @@ def test_the_override_syntax_works_from_the_cli_and_writes_nothing(tmp_path) -> 
         (["data.sources.small.paths=[{big}]"], "data.sources.small.paths", "also in data.sources.big.paths"),
         (["data.sources.small.paths=[{tmp}/nope.u16]"], "data.sources.small.paths", "does not exist"),
         (["eval.holdout_sequences=200"], "data.sources.small.paths", "all held out for evaluation"),
+        (["data.sources.small=5"], "data.sources.small", "expected a section of keys"),
+        (["data.sources=5"], "data.sources", "expected named sources"),
     ],
 )
 def test_bad_mixtures_name_their_field(tmp_path, overrides, field, match) -> None:
