@@ -87,7 +87,8 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
         raise ConfigError(
             claimed["pp"][1],
             f"pipeline parallelism with {'context' if cp > 1 else 'tensor'} parallelism ({other}) is not supported "
-            "yet: torch's pipeline stages cannot hand on the sharded (DTensor) activations between stages",
+            + ("yet" if cp > 1 else "yet: its stages train, but their losses are not yet those of one process")
+            + "; use either one beside a data-parallel strategy",
         )
     dp_ranks = left
     strategies = [(p, cfg) for p, cfg in parallel if p.data_parallel]
