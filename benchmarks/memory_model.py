@@ -14,13 +14,13 @@ Prints the table and writes it, with the other device's rows when an earlier run
 them, to ``benchmarks/results/memory_model.md`` (raw numbers in ``memory_model.json``, which
 a run on the other device merges with). A row that needs more GPUs than the machine has is
 skipped there. ``--estimate-only`` recomputes the estimates of the recorded rows after a
-change to the memory model, measuring nothing. All 21 rows take about 30 minutes on 2 shared
+change to the memory model, measuring nothing. All 24 rows take about 35 minutes on 2 shared
 CPU cores; the 1-process rows on one GPU a few minutes.
 
 ``--compile`` measures the rows of :data:`COMPILE_ROWS` (or those ``--only`` names) twice in one
 run, eager and under ``torch.compile`` (inductor; on CPU through :data:`COMPILE_HOOK`, since
 olmx and OLMo-core compile only with CUDA), each against its own baseline, and records both
-ratios side by side in a section of its own (the 21-row table stays as recorded).
+ratios side by side in a section of its own (the main table stays as recorded).
 
     .venv/bin/python benchmarks/memory_model.py [--only SUBSTRING ...] [--compile] [--keep DIR] [--out DIR]
 """
@@ -193,6 +193,19 @@ CASES = [
             *procs(2),
             "parallel=[ddp,pp]",
             "parallel.pp.schedule=GPipe",
+            *MID,
+            *batch(512, 2),
+            "trainer.global_batch_size=8",
+        ],
+        False,
+    ),
+    # held out: a stage sliced over 2 tensor-parallel ranks (half a stage's weights and activations)
+    Case(
+        "4 proc fsdp x tp 2 x pp 2 1F1B, 17M, 4 micro x 512",
+        [
+            *procs(4),
+            "parallel=[fsdp,tp,pp]",
+            "parallel.pp.schedule=1F1B",
             *MID,
             *batch(512, 2),
             "trainer.global_batch_size=8",

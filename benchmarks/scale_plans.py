@@ -8,7 +8,7 @@ run them.
 
 * OLMo 3 32B (``conf/model/olmo3_32b.yaml``) on 64 H100 80GB (8 RunPod nodes of 8), bf16, 8,192
   tokens a sequence, 512 sequences a step (4 Mi tokens), one sequence per micro-batch, full
-  activation checkpointing: FSDP, FSDP x tensor parallel, FSDP x pipeline parallel.
+  activation checkpointing: FSDP, FSDP x tensor parallel, FSDP x pipeline parallel, all three.
 * OLMo-core 3's 8-layer MoE benchmark model (``src/examples/olmo_ddp/moe_8l_common.py`` and
   ``moe_8l_ddp.py`` on OLMo-core's main branch: d_model 4096, 32 heads of 128 with 8 KV heads,
   block 0 dense with a 20,480-wide MLP, blocks 1-7 with top-4 of routed SwiGLU(4096 -> 4096)
@@ -130,6 +130,7 @@ SETUPS = [
             "fsdp x tp 4": ["parallel=[fsdp,tp]", "parallel.tp.degree=4"],
             "fsdp x pp 4 (Interleaved1F1B)": ["parallel=[fsdp,pp]", "parallel.pp.degree=4"],
             "fsdp x pp 4 (1F1B)": ["parallel=[fsdp,pp]", "parallel.pp.degree=4", "parallel.pp.schedule=1F1B"],
+            "fsdp x tp 4 x pp 2 (Interleaved1F1B)": ["parallel=[fsdp,tp,pp]", "parallel.tp.degree=4"],
         },
         "",
     ),

@@ -82,13 +82,11 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
         raise ConfigError(
             claimed["tp"][1], f"tensor parallelism with context parallelism ({claimed['cp'][1]}) is not supported yet"
         )
-    if pp > 1 and (cp > 1 or tp > 1):
-        other = claimed["cp" if cp > 1 else "tp"][1]
+    if pp > 1 and cp > 1:
         raise ConfigError(
             claimed["pp"][1],
-            f"pipeline parallelism with {'context' if cp > 1 else 'tensor'} parallelism ({other}) is not supported "
-            + ("yet" if cp > 1 else "yet: its stages train, but their losses are not yet those of one process")
-            + "; use either one beside a data-parallel strategy",
+            f"pipeline parallelism with context parallelism ({claimed['cp'][1]}) is not supported yet; "
+            "use either one beside a data-parallel strategy",
         )
     dp_ranks = left
     strategies = [(p, cfg) for p, cfg in parallel if p.data_parallel]

@@ -7,7 +7,7 @@ own CUDA schedules (``CustomInterleaved1F1B``, ``Custom1F1BV``: they place tenso
 ``torch.cuda.current_device()``) and refuses torch's ``1F1B``, ``GPipe``, ``Interleaved1F1B``
 and the rest. :class:`PipelineTrainModule` is OLMo-core's train module with its schedule
 replaced by torch's (:class:`TorchSchedule`), which runs on any device and backend, gloo on CPUs
-included, and three fixes that make it equal a run without a pipeline:
+included, and four fixes that make it equal a run without a pipeline:
 
 * DDP's replicas (OLMo-core's composable ``replicate``, which torch's stages do not recognise)
   would all-reduce after every micro-batch's backward while other micro-batches' forwards are
@@ -18,7 +18,11 @@ included, and three fixes that make it equal a run without a pipeline:
   parameters, FSDP's experts included: the hooks are removed (:func:`_drop_dtensor_localizing_hooks`);
 * the step's loss reaches the ranks without the final stage by a broadcast over the pipeline
   group (OLMo-core sends it on with an ``isend`` it never waits for, which gloo leaves pending
-  while the sender moves on to the next collective).
+  while the sender moves on to the next collective), averaged first over the data-parallel and
+  the tensor-parallel ranks (OLMo-core averages it over the former only, so each tensor-parallel
+  rank reported the loss of its slice of the sequence);
+* under tensor parallelism the stages send and receive DTensor activations, whose meshes they
+  look up in the world's (:func:`_find_meshes_in`).
 
 The plugins' model edits run on each stage after the split (:func:`edit_stages_after_split`).
 Everything else (the split, the losses each last stage captures, the data-parallel wrapping of
@@ -91,6 +95,9 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         super().__init__(*args, **kwargs)
         for part in self.model_parts:
             _drop_dtensor_localizing_hooks(part)
+        if self.tp_enabled:
+            for stage in self._pp_stages or []:
+                _find_meshes_in(stage, self.world_mesh)
 
     def run_pipeline(self, *args: Any, **kwargs: Any) -> Any:
         """OLMo-core's, with the replicas' gradients averaged once after the schedule."""
@@ -123,6 +130,11 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
             for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
                 grad.copy_(synced)
 
+    @cached_property
+    def _tp_groups(self) -> tuple[Any, ...]:
+        """The tensor-parallel process group, if the mesh has one."""
+        return (self.world_mesh["tp"].get_group(),) if self.tp_enabled else ()
+
     def pre_train(self) -> None:
         """Check the batch against the micro-batches and build the schedule (as OLMo-core does,
         with torch's schedule)."""
@@ -138,12 +150,17 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
 
     def reduce_send_recv(self, x: torch.Tensor | None = None) -> torch.Tensor:
         """The step's loss on every rank: the final stage's averaged over the data-parallel
-        ranks (as OLMo-core averages it), then broadcast over the pipeline group."""
+        ranks (as OLMo-core averages it) and over the tensor-parallel ranks (each holds the loss
+        of its slice of the sequence, scaled by the degree: OLMo-core's LM head reduces only the
+        loss it backpropagates), then broadcast over the pipeline group."""
         if self.pp_group_rank == self.pp_final_stage_rank:
             assert x is not None
             x.div_(self._reduce_divide_factor)
             dist.all_reduce(x, group=self.dp_process_group)
             x.div_(self.dp_world_size)
+            for group in self._tp_groups:
+                dist.all_reduce(x, group=group)
+                x.div_(get_world_size(group))
             x.mul_(self._reduce_divide_factor)
         else:
             x = torch.empty([], device=self.device)
@@ -175,13 +192,22 @@ def _drop_dtensor_localizing_hooks(part: Any) -> None:
     after every forward they turn each DTensor parameter of the module into a local tensor and
     back before the next, a stop-gap for DDP over tensor-parallel weights that also rewrites the
     parameters of FSDP modules inside it (the experts under expert parallelism), which then lose
-    their gradients. A pipeline stage holds no tensor-parallel weights (olmx refuses pp with tp),
+    their gradients. A replicated stage holds no tensor-parallel weights (olmx wraps
+    tensor-parallel slices only in strategies that shard them, whose modules carry no such hooks),
     so the hooks have nothing to do there."""
     from torch.distributed.tensor.parallel.ddp import _localize_dtensor, _reconstruct_dtensor
 
     for hooks in (part._forward_pre_hooks, part._forward_hooks):
         for key in [k for k, hook in hooks.items() if hook in (_localize_dtensor, _reconstruct_dtensor)]:
             del hooks[key]
+
+
+def _find_meshes_in(stage: Any, world_mesh: Any) -> None:
+    """Let ``stage`` rebuild the tensor-parallel activations it receives: torch's stages send a
+    DTensor's metadata with its mesh's dimension names and look the mesh up on arrival, through
+    the ``get_mesh`` callback of ``PipelineStage``'s constructor, which OLMo-core's split (before
+    tensor parallelism is applied) does not pass. Every stage's meshes are slices of the world's."""
+    stage._mesh_cache._get_mesh_cb = lambda names, layout: world_mesh[names]
 
 
 def build_pipeline_train_module(config: Any, model: Any, edit: Callable[[Any], None]) -> PipelineTrainModule:

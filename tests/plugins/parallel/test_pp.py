@@ -78,6 +78,22 @@ def test_expert_parallelism_within_each_stage():
     assert e_flat.params == 4 * (total - experts) + 4 * experts // 4
 
 
+def test_tensor_parallelism_slices_each_stage():
+    """fsdp x tp x pp on 4 processes: each of the 2 stages sliced over 2 ranks, which hold half of
+    what a rank of the pipeline alone holds (weights, optimizer state, activations in flight).
+    Training is compared with one process in tests/plugins/parallel/test_tp.py."""
+    reg = registry()
+    both, pp = plan_for("parallel=[fsdp,tp,pp]", "infra.nproc_per_node=4"), plan_for(*PP)
+    assert both.mesh.dims() == {"dp": 1, "tp": 2, "pp": 2}
+    e_both, e_pp = (estimate_run(p.run, p.world, reg).est for p in (both, pp))
+    assert (2 * e_both.params, 2 * e_both.optimizer, 2 * e_both.activations) == (
+        e_pp.params,
+        e_pp.optimizer,
+        e_pp.activations,
+    )
+    assert e_both.inflight == e_pp.inflight == 3
+
+
 def test_schedules_their_bubbles_and_what_they_keep():
     assert bubble("1F1B", 4, 8) == pytest.approx(3 / 11)
     assert bubble("Interleaved1F1B", 4, 8) == pytest.approx(3 / 19)  # 2 stages per rank halve it
@@ -115,7 +131,6 @@ def test_parallel_auto_tries_a_pipeline_after_every_other_add_on():
             "1F1B .* 4 stages",
         ),
         (["parallel.pp.schedule=Interleaved1F1B", "model.n_layers=2"], "parallel.pp.schedule", "4 stages .* more than"),
-        (["parallel=[fsdp,tp,pp]", "infra.nproc_per_node=4"], "parallel.pp", "with tensor parallelism"),
         (["parallel=[ddp,ulysses,pp]", "infra.nproc_per_node=4"], "parallel.pp", "with context parallelism"),
         (["layers=[engram]", "layers.engram.layer_ids=[1]"], "layers.engram", "does not support pipeline"),
     ],

@@ -1,8 +1,10 @@
 """Tensor parallelism (``parallel=[fsdp,tp]``): the mesh and plan rows, every refusal at plan
-time, the memory estimate per rank, and training on 2 gloo processes equal to one process."""
+time, the memory estimate per rank, and training on 2 and 4 gloo processes, under a pipeline too,
+equal to one process."""
 
 from __future__ import annotations
 
+import shutil
 from datetime import datetime
 
 import pytest
@@ -107,23 +109,35 @@ def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
     """``parallel=[fsdp,tp]`` on 2 processes (dp=1 x tp=2) and on 4 (dp=2 x tp=2, the 2-D layout),
     and the distributed optimizer x tp on 4, against the same run in one process: the same 6
     losses (within 1e-5; the sliced matmuls and the reductions sum in another order) and the
-    same final parameters, read back from the checkpoints as whole tensors (within 1e-4)."""
+    same final parameters, read back from the checkpoints as whole tensors (within 1e-4).
+    Pipeline x tensor parallel (``parallel=[fsdp,tp,pp]``, 4 processes: 2 stages of one block,
+    each sliced over 2 ranks) resumes the one-process run's step-2 checkpoint (a pipeline's
+    stages start from other initial weights) and trains steps 3-6 to its losses and weights."""
     from tests.worker.test_faults import checkpoint_state
 
     env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
+    run = [*SMALL, "eval.interval=0", "trainer.save_interval=2"]  # no eval: a pipeline has no forward-only pass
     runs = {"one": ["parallel=[]", "infra.nproc_per_node=1"], "tp": ["parallel=[fsdp,tp]"]}
     runs["fsdp_tp"] = ["parallel=[fsdp,tp]", "infra.nproc_per_node=4"]
     # the distributed optimizer (ZeRO-2) x tp, which parallel=auto may choose
     runs["zero2_tp"] = ["parallel=[ddp,tp]", "parallel.ddp.distributed_optimizer=true", "infra.nproc_per_node=4"]
+    runs["tp_pp"] = ["parallel=[fsdp,tp,pp]", "parallel.pp.schedule=1F1B", "infra.nproc_per_node=4"]
     for name, overrides in runs.items():
-        done = olmx_cli("train", *SMALL, *overrides, f"trainer.run_dir={tmp_path / name}", env=env)
+        if name == "tp_pp":
+            shutil.copytree(tmp_path / "one", tmp_path / name)
+            for step in (4, 6):
+                shutil.rmtree(tmp_path / name / "checkpoints" / f"step{step}")
+            metrics = tmp_path / name / "metrics.jsonl"
+            metrics.write_text("".join(f"{line}\n" for line in metrics.read_text().splitlines()[:2]))
+        done = olmx_cli("train", *run, *overrides, f"trainer.run_dir={tmp_path / name}", env=env)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Resuming from the checkpoint at step 2" in done.stdout
     reference = losses(tmp_path / "one")
     assert len(reference) == 6 and reference[-1] < reference[0] - 0.3  # it trains (lr 0.01)
     ref = checkpoint_state(tmp_path / "one" / "checkpoints" / "step6")
     weights = [k for k in ref if k.startswith("model.")]
     assert len(weights) >= 20
-    for name in ("tp", "fsdp_tp", "zero2_tp"):
+    for name in ("tp", "fsdp_tp", "zero2_tp", "tp_pp"):
         assert losses(tmp_path / name) == pytest.approx(reference, rel=1e-5, abs=1e-6), name
         state = checkpoint_state(tmp_path / name / "checkpoints" / "step6")
         worst = max((state[k] - ref[k]).abs().max().item() for k in weights)
