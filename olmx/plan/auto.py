@@ -13,7 +13,8 @@ with its reason). Cheapest means least modelled compute, then least communicatio
    :mod:`olmx.plan.throughput`; everything below costs none in that model);
 2. the layout: no add-on first, then the smallest sequence-parallel degree, then the smallest
    tensor-parallel degree, then the smallest pipeline degree
-   (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then the data-parallel kind
+   (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then tensor x pipeline parallel
+   (:data:`COMBINED_ADD_ONS`, by tensor degree, then pipeline degree), then the data-parallel kind
    in the order of :data:`~olmx.api.PARALLEL_CAPABILITIES` (replicate < experts < hybrid <
    shard; experts only with a layer that has experts, hybrid only over several nodes), then
    each plugin's own options in its order;
@@ -47,6 +48,10 @@ AC_BY_COST: tuple[ActivationCheckpointing | None, ...] = (
 )
 #: Trials shown in the plan before the chosen one (the rest are counted).
 SHOWN = 6
+#: Pairs of add-on capabilities ``parallel=auto`` also tries together, after every single one:
+#: tensor x pipeline parallelism (3-D with the data-parallel strategy). Sequence parallelism
+#: composes with neither yet (:func:`olmx.plan.mesh.resolve_mesh` refuses it).
+COMBINED_ADD_ONS: tuple[tuple[str, str], ...] = (("tensor", "pipeline"),)
 
 
 @dataclass(frozen=True)
@@ -119,26 +124,34 @@ def parallel_options(run: RunConfig, world: World, reg: Any) -> list[ParallelOpt
         if plugin.data_parallel and kind in plugin.provides
         for i, (override, cfg) in enumerate(plugin.options(None, run, world))
     ]
-    # at most one add-on, in this order: none, each sequence-parallel option, each tensor-parallel
-    # one, each pipeline one
-    add_ons: list[tuple[Any, str, Any]] = [(None, "", None)]
-    add_ons += [
-        (plugin, override, cfg)
+    # add-ons in this order: none, each sequence-parallel option, each tensor-parallel one, each
+    # pipeline one, then each pair of options :data:`COMBINED_ADD_ONS` names
+    single = {
+        kind: [
+            (plugin, override, cfg)
+            for plugin in installed
+            if not plugin.data_parallel and kind in plugin.provides
+            for override, cfg in plugin.options(None, run, world)
+        ]
         for kind in ADD_ON_CAPABILITIES
-        for plugin in installed
-        if not plugin.data_parallel and kind in plugin.provides
-        for override, cfg in plugin.options(None, run, world)
+    }
+    add_ons: list[tuple[tuple[Any, str, Any], ...]] = [()]
+    add_ons += [(option,) for kind in ADD_ON_CAPABILITIES for option in single[kind]]
+    add_ons += [
+        (a, b)
+        for first, second in COMBINED_ADD_ONS
+        for a, b in itertools.product(single[first], single[second])
+        if a[0].name != b[0].name
     ]
     combos = sorted(
         ((a, s, d) for a, s in enumerate(add_ons) for d in data), key=lambda asd: (asd[0], asd[2][0], asd[2][1])
     )
     out = []
-    for _, (add_plugin, add_override, add_cfg), (_, _, dp_plugin, dp_override, dp_cfg) in combos:
-        parallel = {dp_plugin.name: dp_cfg}
-        if add_plugin is not None:
-            parallel[add_plugin.name] = add_cfg
+    for _, options, (_, _, dp_plugin, dp_override, dp_cfg) in combos:
+        parallel = {dp_plugin.name: dp_cfg} | {plugin.name: cfg for plugin, _, cfg in options}
         names = f"parallel=[{','.join(parallel)}]"
-        out.append(ParallelOption(parallel, tuple(o for o in (names, dp_override, add_override) if o)))
+        overrides = (names, dp_override, *(override for _, override, _ in options))
+        out.append(ParallelOption(parallel, tuple(o for o in overrides if o)))
     return out
 
 

@@ -139,7 +139,9 @@ class OlmxMetricsCallback(Callback):
         """Append the step's record (rank 0 only)."""
         from olmo_core.distributed.utils import get_rank
 
-        skipped = bool(metrics.get("olmx/non-finite step"))
+        # 1.0 on a non-finite step; a reduction of metrics that differ between ranks (a pipeline's)
+        # reports a step without it as -inf (the identity of its max)
+        skipped = metrics.get("olmx/non-finite step", 0.0) > 0
         evaluated = eval_record(metrics)
         if get_rank() != 0 or ("train/CE loss" not in metrics and not skipped and not evaluated):
             return

@@ -100,7 +100,13 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
                 _find_meshes_in(stage, self.world_mesh)
 
     def run_pipeline(self, *args: Any, **kwargs: Any) -> Any:
-        """OLMo-core's, with the replicas' gradients averaged once after the schedule."""
+        """OLMo-core's, with the replicas' gradients averaged once after the schedule, and the
+        losses on every rank where OLMo-core records them with a reduction (the CE loss under an
+        optimizer other than ``SkipStepAdamW``, the Z loss): recorded on the final stage's ranks
+        only, they make the trainer's metrics differ between ranks, and OLMo-core's reduction of
+        such metrics fills in every name ever recorded with zeros, so a step whose metrics arrive
+        in two flushes (a checkpoint step's) logged a second CE loss of 0.0."""
+        from olmo_core.optim import SkipStepOptimizer
         from torch.distributed.fsdp import FSDPModule
 
         replicas = [
@@ -108,10 +114,14 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         ]
         for part in replicas:
             part.set_requires_gradient_sync(False)
-        out = super().run_pipeline(*args, **kwargs)
+        ce, z = super().run_pipeline(*args, **kwargs)
         if replicas and self.dp_world_size > 1:
             self._average_grads(replicas)
-        return out
+        if not isinstance(self.optimizers[0], SkipStepOptimizer):  # else train_batch sends it on itself
+            ce = self.reduce_send_recv(ce)
+        if self.z_loss_multiplier is not None:
+            z = self.reduce_send_recv(z)
+        return ce, z
 
     def _average_grads(self, parts: list[Any]) -> None:
         """Each part's gradients averaged over the data-parallel ranks, one all-reduce per part;

@@ -69,3 +69,24 @@ def test_mfu_is_against_olmxs_peak_for_the_device(monkeypatch, name, dtype, peak
     cb.trainer = FakeTrainer("cuda")
     cb.pre_train()
     assert cb.device_peak_flops_per_second == (int(peak) if peak else None)
+
+
+def test_a_step_is_marked_skipped_only_where_the_guard_said_so(tmp_path):
+    """``olmx/non-finite step`` is 1.0 on a non-finite step; where the ranks' metrics differ (a
+    pipeline's stages) OLMo-core's reduction reports it as -inf on every other step, which is
+    not a skipped step."""
+    import json
+
+    from olmx.worker import callbacks
+
+    cb = callbacks.OlmxMetricsCallback(run_dir=str(tmp_path), tokens_per_step=10)
+    cb.trainer = FakeTrainer()
+    cb.log_metrics(1, {"train/CE loss": 4.0, "olmx/non-finite step": float("-inf")})
+    cb.log_metrics(2, {"olmx/non-finite step": 1.0})
+    cb.log_metrics(3, {"train/CE loss": 3.0})
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"], r.get("skipped", False)) for r in records] == [
+        (1, 4.0, False),
+        (2, None, True),
+        (3, 3.0, False),
+    ]

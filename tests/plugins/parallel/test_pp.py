@@ -107,7 +107,8 @@ def test_schedules_their_bubbles_and_what_they_keep():
 
 def test_parallel_auto_tries_a_pipeline_after_every_other_add_on():
     """``parallel=auto`` on 4 processes: pipelines of degree 2 and 4 are candidates, after the
-    layouts without an add-on and those with sequence or tensor parallelism."""
+    layouts without an add-on and those with sequence or tensor parallelism; then tensor x
+    pipeline parallel (3-D), which the plan accepts as written out where the degrees fit."""
     from olmx.config.compose import compose, to_object
     from olmx.plan.auto import parallel_options
 
@@ -115,9 +116,14 @@ def test_parallel_auto_tries_a_pipeline_after_every_other_add_on():
     run = to_object(compose([*RUN, "parallel=auto", "infra.nproc_per_node=4"], reg), reg)
     world = reg.get("infra", run.infra_name).world(run.infra[run.infra_name])
     names = [" ".join(o.overrides) for o in parallel_options(run, world, reg)]
-    pipelines = [i for i, n in enumerate(names) if ",pp]" in n]
+    pipelines = [i for i, n in enumerate(names) if ",pp]" in n and ",tp," not in n]
     assert pipelines and min(pipelines) > max(i for i, n in enumerate(names) if ",pp]" not in n)
     assert any("parallel.pp.degree=4" in names[i] for i in pipelines)
+    both = [i for i, n in enumerate(names) if ",tp,pp]" in n]
+    assert both and min(both) > max(pipelines) and not any("ulysses" in names[i] for i in both)
+    three_d = "parallel=[fsdp,tp,pp] parallel.tp.degree=2 parallel.pp.degree=2"
+    assert three_d in names
+    assert plan_for(*three_d.split(), "infra.nproc_per_node=4").mesh.dims() == {"dp": 1, "tp": 2, "pp": 2}
 
 
 @pytest.mark.parametrize(
