@@ -255,9 +255,17 @@ class HeldOutEvaluatorCallback(EvaluatorCallback):
     """OLMo-core's ``EvaluatorCallback``, evaluating in ``post_train_batch`` ahead of the
     checkpointer (priority 1), which saves there: a save flushes the step's metrics, and an
     evaluation recorded after it (in ``post_step``) would reach ``metrics.jsonl`` as a second
-    record of the same step."""
+    record of the same step. It also evaluates under olmx's pipeline train module."""
 
     priority = 2
+
+    def post_attach(self) -> None:
+        """OLMo-core's check of the train module, which also takes olmx's pipeline train module
+        (:meth:`olmx.worker.pipeline.PipelineTrainModule.eval_batch`)."""
+        from olmx.worker.pipeline import PipelineTrainModule
+
+        if not isinstance(self.trainer.train_module, PipelineTrainModule):
+            super().post_attach()
 
     def post_train_batch(self) -> None:
         """Evaluate where OLMo-core's callback would in ``post_step``."""

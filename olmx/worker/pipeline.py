@@ -7,7 +7,8 @@ own CUDA schedules (``CustomInterleaved1F1B``, ``Custom1F1BV``: they place tenso
 ``torch.cuda.current_device()``) and refuses torch's ``1F1B``, ``GPipe``, ``Interleaved1F1B``
 and the rest. :class:`PipelineTrainModule` is OLMo-core's train module with its schedule
 replaced by torch's (:class:`TorchSchedule`), which runs on any device and backend, gloo on CPUs
-included, and four fixes that make it equal a run without a pipeline:
+included, a forward-only pass for evaluation (:meth:`PipelineTrainModule.eval_batch`: the held-out
+loss), and four fixes that make it equal a run without a pipeline:
 
 * DDP's replicas (OLMo-core's composable ``replicate``, which torch's stages do not recognise)
   would all-reduce after every micro-batch's backward while other micro-batches' forwards are
@@ -57,13 +58,15 @@ class TorchSchedule:
     its sum over the batch's tokens divided by all of them, so the sum over micro-batches is the
     batch's mean, as without a pipeline."""
 
-    def __init__(self, stages: list[Any], schedule: str, microbatches: int) -> None:
+    def __init__(self, stages: list[Any], schedule: str, microbatches: int, get_mesh: Callable[..., Any]) -> None:
         from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
         cls = get_schedule_class(schedule)
         single = issubclass(cls, PipelineScheduleSingle)
         self.stages = stages
         self.num_microbatches = microbatches
+        #: The mesh of a DTensor activation's dimension names (the world mesh's slice).
+        self.get_mesh = get_mesh
         self.impl = cls(
             stages[0] if single else stages,
             n_microbatches=microbatches,
@@ -87,6 +90,39 @@ class TorchSchedule:
         args = (input_ids,) if self.has_first_stage else ()
         self.impl.step(*args, target=target if self.has_last_stage else None, **kwargs)
 
+    def eval(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        """``input_ids`` forward through the stages, as one micro-batch, under a forward-only
+        schedule of its own (:attr:`forward_only`); the last stage's output on the rank that holds
+        it, else None."""
+        args = (input_ids,) if self.has_first_stage else ()
+        return self.forward_only.step(*args, **kwargs)
+
+    @cached_property
+    def forward_only(self) -> Any:
+        """A schedule without a loss (forward only) over stages of its own around the same
+        model parts: torch's stages size their buffers for the first batch they see and for
+        training or not, and switching the training schedule to ``eval`` and back makes its
+        stages infer their shapes again with a forward of made-up inputs that the train module's
+        hooks would count as a micro-batch's loss. One micro-batch: evaluation batches need not
+        divide into the training micro-batches."""
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import ScheduleGPipe, ScheduleLoopedBFS
+
+        stages = [
+            PipelineStage(
+                stage.submod,
+                stage.stage_index,
+                stage.num_stages,
+                stage.device,
+                group=stage.group,
+                get_mesh=self.get_mesh,
+            )
+            for stage in self.stages
+        ]
+        if len(stages) == 1:
+            return ScheduleGPipe(stages[0], n_microbatches=1)
+        return ScheduleLoopedBFS(stages, n_microbatches=1)
+
 
 class PipelineTrainModule(TransformerPipelineTrainModule):
     """OLMo-core's pipeline train module driving :class:`TorchSchedule`."""
@@ -97,7 +133,7 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
             _drop_dtensor_localizing_hooks(part)
         if self.tp_enabled:
             for stage in self._pp_stages or []:
-                _find_meshes_in(stage, self.world_mesh)
+                _find_meshes_in(stage, self._get_mesh)
 
     def run_pipeline(self, *args: Any, **kwargs: Any) -> Any:
         """OLMo-core's, with the replicas' gradients averaged once after the schedule, and the
@@ -122,6 +158,48 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         if self.z_loss_multiplier is not None:
             z = self.reduce_send_recv(z)
         return ce, z
+
+    def eval_batch(self, batch: dict[str, Any], labels: torch.Tensor | None = None) -> Any:
+        """The per-token CE loss of ``batch``, which OLMo-core's pipeline module does not compute
+        (it has no forward-only pass): the batch goes forward through the stages as one
+        micro-batch (:attr:`TorchSchedule.forward_only`), the last stage returns its unreduced
+        loss (whole, under tensor parallelism), broadcast over the pipeline group so that every
+        rank's evaluator counts the same losses. No logits: the held-out loss needs none."""
+        from olmo_core.nn.lm_head import LMOutputWithLoss
+        from torch.distributed.tensor import DTensor
+
+        input_ids, labels, kwargs = self._prepare_batch(batch, labels)
+        assert labels is not None
+
+        def per_token_loss(model: Any, args: Any, output: Any) -> Any:
+            del args
+            if model.lm_head is None:
+                return output
+            ce = output.ce_loss
+            return ce.full_tensor() if isinstance(ce, DTensor) else ce
+
+        for part in self.model_parts:
+            part.eval()
+        handles = [part.register_forward_hook(per_token_loss) for part in self.model_parts]
+        try:
+            with self._model_forward_context():
+                out = self._train_pp_schedule.eval(
+                    input_ids,
+                    labels=labels,
+                    ignore_index=self.label_ignore_index,
+                    loss_reduction="none",
+                    return_logits=False,
+                    **kwargs,
+                )
+        finally:
+            for handle in handles:
+                handle.remove()
+        if self.pp_group_rank == self.pp_final_stage_rank:
+            ce_loss = out.float().contiguous()
+        else:
+            ce_loss = torch.empty(labels.shape, device=self.device)
+        dist.broadcast(ce_loss, group=self.pp_group, group_src=self.pp_final_stage_rank)
+        return LMOutputWithLoss(logits=None, loss=ce_loss.sum(), ce_loss=ce_loss, z_loss=None)
 
     def _average_grads(self, parts: list[Any]) -> None:
         """Each part's gradients averaged over the data-parallel ranks, one all-reduce per part;
@@ -156,7 +234,14 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
             )
         assert self._pp_stages is not None
         microbatches = self.trainer.global_batch_size // dp // self.rank_microbatch_size
-        self._train_pp_schedule = TorchSchedule(self._pp_stages, self._pp_config.schedule.value, microbatches)
+        self._train_pp_schedule = TorchSchedule(
+            self._pp_stages, self._pp_config.schedule.value, microbatches, self._get_mesh
+        )
+
+    def _get_mesh(self, names: tuple[str, ...], layout: Any) -> Any:
+        """The world mesh's slice over ``names``: where every stage's DTensors live."""
+        del layout
+        return self.world_mesh[names]
 
     def reduce_send_recv(self, x: torch.Tensor | None = None) -> torch.Tensor:
         """The step's loss on every rank: the final stage's averaged over the data-parallel
@@ -212,12 +297,12 @@ def _drop_dtensor_localizing_hooks(part: Any) -> None:
             del hooks[key]
 
 
-def _find_meshes_in(stage: Any, world_mesh: Any) -> None:
+def _find_meshes_in(stage: Any, get_mesh: Callable[..., Any]) -> None:
     """Let ``stage`` rebuild the tensor-parallel activations it receives: torch's stages send a
     DTensor's metadata with its mesh's dimension names and look the mesh up on arrival, through
     the ``get_mesh`` callback of ``PipelineStage``'s constructor, which OLMo-core's split (before
     tensor parallelism is applied) does not pass. Every stage's meshes are slices of the world's."""
-    stage._mesh_cache._get_mesh_cb = lambda names, layout: world_mesh[names]
+    stage._mesh_cache._get_mesh_cb = get_mesh
 
 
 def build_pipeline_train_module(config: Any, model: Any, edit: Callable[[Any], None]) -> PipelineTrainModule:

@@ -15,7 +15,9 @@ multi-stage ones) and the schedules of ``torch.distributed.pipelining``. What ol
 mesh dimension (``pp``, claimed here, validated with the others by the plan), the schedule
 chosen for the model, and the checks before anything starts: enough blocks for the stages and
 enough micro-batches per step for every stage to work (a schedule runs the micro-batches of
-one optimizer step through the pipeline; fewer than the stages leave stages idle the whole step).
+one optimizer step through the pipeline; fewer than the stages leave stages idle the whole step),
+and no downstream tasks (they score the output head's logits; the worker's forward-only pass
+through the stages returns the held-out loss, :mod:`olmx.worker.pipeline`).
 """
 
 from __future__ import annotations
@@ -121,11 +123,11 @@ class PipelineParallel(ParallelPlugin):
     def resolve(self, cfg: PipelineParallelConfig, ctx: Context) -> Contribution:
         """The stages, the micro-batches per step and the bubble."""
         run, mesh = ctx.run, ctx.mesh
-        if run.eval.interval:
+        if run.eval.interval and run.eval.downstream:
             raise ConfigError(
-                "eval.interval",
-                f"{run.eval.interval}: OLMo-core's pipeline train module evaluates nothing (it has no forward-only "
-                "pass), so a pipelined run trains without evaluation: set eval.interval=0",
+                "eval.downstream",
+                "the downstream tasks score the output head's logits, which a pipeline's last stage does not "
+                "return (its held-out loss is evaluated): set eval.downstream=[] or train without a pipeline",
             )
         schedule = schedule_of(cfg, run.model.n_layers)
         v = SCHEDULES[schedule]

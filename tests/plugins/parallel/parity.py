@@ -1,5 +1,6 @@
 """What the parallel strategies' training tests share: one small run that learns in 6 steps
-(lr 0.01), compared against the same run in one process, and its losses read back."""
+(lr 0.01), compared against the same run in one process, and its losses (training and held-out)
+read back."""
 
 from __future__ import annotations
 
@@ -25,3 +26,9 @@ SMALL = [
 def losses(run: Path) -> list[float]:
     """The training loss of every step of ``run``, from its metrics.jsonl."""
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def eval_losses(run: Path) -> dict[int, float]:
+    """The held-out loss of every evaluated step of ``run``, by step."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["eval/loss"] for r in records if "eval/loss" in r}

@@ -14,10 +14,10 @@ from olmx.plan.resolve import estimate_run, plan_from_overrides
 from olmx.registry import registry
 from olmx_plugins.parallel.pp import bubble, in_flight
 from tests.conftest import olmx_cli
-from tests.plugins.parallel.parity import losses
+from tests.plugins.parallel.parity import eval_losses, losses
 
 #: 4 blocks (so that the interleaved schedules have 2 stages per rank at degree 2), 8 steps, a
-#: checkpoint every 2; no evaluation (OLMo-core's pipeline train module has no forward-only pass).
+#: checkpoint every 2, the held-out loss every 4 (olmx's forward-only pass through the stages).
 #: The training test makes blocks 1 and 3 MoE blocks (:data:`MOE`): each stage holds a dense
 #: block and an MoE block.
 RUN = [
@@ -31,7 +31,7 @@ RUN = [
     "trainer.max_steps=8",
     "trainer.save_interval=2",
     "trainer.warmup_steps=2",
-    "eval.interval=0",
+    "eval.interval=4",
 ]
 PP = ["parallel=[ddp,pp]"]
 MOE = ["layers=[moe]", "layers.moe.every=2", "layers.moe.num_experts=4", "layers.moe.hidden_size=128"]
@@ -129,7 +129,7 @@ def test_parallel_auto_tries_a_pipeline_after_every_other_add_on():
 @pytest.mark.parametrize(
     ("overrides", "field", "match"),
     [
-        (["eval.interval=4"], "eval.interval", "has no forward-only pass"),
+        (["eval.downstream=[arc_easy]"], "eval.downstream", "logits, which a pipeline's last stage does not return"),
         (["trainer.global_batch_size=2"], "trainer.global_batch_size", "1 micro-batch.* fewer than its 2 stages"),
         (
             ["parallel.pp.degree=4", "infra.nproc_per_node=4", "model.n_layers=2"],
@@ -152,8 +152,10 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     degree 2 (1F1B on 2 processes; Interleaved1F1B under ddp_ep 2 x pp 2 on 4: each stage's
     dense parameters replicated over its 2 data-parallel ranks, its experts sharded over them)
     train steps 3-8 with the losses of one process (within 2e-5 relative, as
-    tests/test_training.py compares layouts: 9e-6 with 2 data-parallel ranks, 0 at dp 1); the
-    1F1B pipeline's step-4 checkpoint resumes on one process to the same losses. (GPipe, ddp x pp
+    tests/test_training.py compares layouts: 9e-6 with 2 data-parallel ranks, 0 at dp 1) and
+    evaluate the held-out sequences at steps 4 and 8 to its held-out losses (each evaluation
+    between two training steps of the schedule, which it leaves as it was); the 1F1B pipeline's
+    step-4 checkpoint resumes on one process to the same losses. (GPipe, ddp x pp
     and ZeRO-2 x pp were checked by hand the same way.)"""
     ref, cache = tmp_path / "ref", {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
     one = ["infra.nproc_per_node=1", "parallel=[]"]
@@ -161,9 +163,9 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     def train(run, *overrides):
         proc = olmx_cli("train", *RUN, *MOE, f"trainer.run_dir={run}", *overrides, env=cache)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        return losses(run)
+        return losses(run), eval_losses(run)
 
-    start = train(tmp_path / "start", *one, "trainer.stop_at_step=2")
+    start, _ = train(tmp_path / "start", *one, "trainer.stop_at_step=2")
     assert len(start) == 2
     variants: dict[str, tuple[list[str], str]] = {
         "1F1B": (PP, "parallel.pp.schedule=1F1B"),
@@ -172,10 +174,12 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     for name in variants:
         shutil.copytree(tmp_path / "start", tmp_path / name)
     shutil.copytree(tmp_path / "start", ref)
-    want = train(ref, *one)
+    want, want_eval = train(ref, *one)
+    assert sorted(want_eval) == [4, 8]
     for name, (parallel, extra) in variants.items():
-        got = train(tmp_path / name, *parallel, extra)
+        got, got_eval = train(tmp_path / name, *parallel, extra)
         assert got[2:] == pytest.approx(want[2:], rel=2e-5), name
+        assert got_eval == pytest.approx(want_eval, rel=2e-5), name
     # Back to one process from the pipeline's own checkpoint (written by 2 stages).
     back = tmp_path / "back"
     shutil.copytree(tmp_path / "1F1B", back)
@@ -184,4 +188,4 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     (back / "metrics.jsonl").write_text(
         "".join(line + "\n" for line in (back / "metrics.jsonl").read_text().splitlines()[:4])
     )
-    assert train(back, *one)[4:] == pytest.approx(want[4:], rel=2e-5)
+    assert train(back, *one)[0][4:] == pytest.approx(want[4:], rel=2e-5)

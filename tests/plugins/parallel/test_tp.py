@@ -13,7 +13,7 @@ from olmx.errors import ConfigError
 from olmx.plan.resolve import plan_from_overrides
 from olmx.registry import registry
 from tests.conftest import olmx_cli
-from tests.plugins.parallel.parity import SMALL, losses
+from tests.plugins.parallel.parity import SMALL, eval_losses, losses
 
 
 def plan_for(*overrides: str):
@@ -113,14 +113,14 @@ def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
     Pipeline x tensor parallel (``parallel=[fsdp,tp,pp]``, 4 processes: 2 stages of one block,
     each sliced over 2 ranks) resumes the one-process run's step-2 checkpoint (a pipeline's
     stages start from other initial weights) and trains steps 3-6 to its losses and weights, one
-    record a step."""
+    record a step. Every layout's held-out loss at step 6 is that of one process."""
     from tests.worker.test_faults import checkpoint_state
 
     env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
-    # no eval: a pipeline has no forward-only pass; torch's AdamW, whose loss OLMo-core's pipeline
-    # module records on the final stage only (olmx sends it to every rank: else the checkpoint
-    # steps, whose metrics arrive in two flushes, logged a second loss of 0.0)
-    run = [*SMALL, "eval.interval=0", "trainer.save_interval=2", "trainer.optimizer=adamw"]
+    # torch's AdamW, whose loss OLMo-core's pipeline module records on the final stage only (olmx
+    # sends it to every rank: else the checkpoint steps, whose metrics arrive in two flushes,
+    # logged a second loss of 0.0); the held-out loss at step 6
+    run = [*SMALL, "eval.interval=6", "trainer.save_interval=2", "trainer.optimizer=adamw"]
     runs = {"one": ["parallel=[]", "infra.nproc_per_node=1"], "tp": ["parallel=[fsdp,tp]"]}
     runs["fsdp_tp"] = ["parallel=[fsdp,tp]", "infra.nproc_per_node=4"]
     # the distributed optimizer (ZeRO-2) x tp, which parallel=auto may choose
@@ -141,8 +141,11 @@ def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
     ref = checkpoint_state(tmp_path / "one" / "checkpoints" / "step6")
     weights = [k for k in ref if k.startswith("model.")]
     assert len(weights) >= 20
+    held_out = eval_losses(tmp_path / "one")
+    assert list(held_out) == [6]
     for name in ("tp", "fsdp_tp", "zero2_tp", "tp_pp"):
         assert losses(tmp_path / name) == pytest.approx(reference, rel=1e-5, abs=1e-6), name
+        assert eval_losses(tmp_path / name) == pytest.approx(held_out, rel=1e-5), name
         state = checkpoint_state(tmp_path / name / "checkpoints" / "step6")
         worst = max((state[k] - ref[k]).abs().max().item() for k in weights)
         assert worst < 1e-4, (name, worst)
