@@ -83,6 +83,7 @@ __all__ = [
     "CLAIMABLE_DIMS",
     "PARALLEL_CAPABILITIES",
     "ADD_ON_CAPABILITIES",
+    "PIPELINE_TOKEN_IDS",
 ]
 
 
@@ -185,9 +186,15 @@ PARALLEL_CAPABILITIES: dict[str, str] = {
     "pipeline": "pipeline parallel: the blocks split into consecutive stages over groups of ranks (claims pp)",
 }
 #: The kinds of :data:`PARALLEL_CAPABILITIES` a strategy adds to a data-parallel one (the others
-#: are data-parallel kinds); ``parallel=auto`` adds at most one of them, sequence before tensor
-#: before pipeline.
+#: are data-parallel kinds); ``parallel=auto`` adds one of them, sequence before tensor before
+#: pipeline, or tensor and pipeline together after them.
 ADD_ON_CAPABILITIES: tuple[str, ...] = ("sequence", "tensor", "pipeline")
+#: Under pipeline parallelism, the keyword argument of every stage's model forward (OLMo-core's
+#: ``Transformer.forward``, which hands unknown keywords to ``_prepare_inputs`` and drops them
+#: there) that holds the micro-batch's token ids ``[B, T]``: a stage after the first receives
+#: hidden states in place of ``input_ids``, and a layer that reads the tokens (Engram's hashed
+#: n-grams) takes them from here.
+PIPELINE_TOKEN_IDS = "pipeline_token_ids"
 
 
 @dataclass(frozen=True)
@@ -540,9 +547,9 @@ class LayerPlugin(Plugin):
     #: tensor parallelism.
     tensor_parallel: ClassVar[bool] = False
     #: The layer's modules work on a pipeline stage: a block that holds them may sit on any
-    #: stage, seeing the previous stage's hidden states and no token ids or other inputs of the
-    #: model's first stage. Unless a layer says so, the plan refuses it under pipeline
-    #: parallelism (``mesh.pp``).
+    #: stage, seeing the previous stage's hidden states (and the micro-batch's token ids under
+    #: :data:`PIPELINE_TOKEN_IDS`, where the layer needs them). Unless a layer says so, the plan
+    #: refuses it under pipeline parallelism (``mesh.pp``).
     pipeline_parallel: ClassVar[bool] = False
 
     def linear_layers(self, cfg: Any, ctx: Context, layers: list[LinearLayer]) -> list[LinearLayer]:

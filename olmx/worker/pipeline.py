@@ -8,7 +8,8 @@ own CUDA schedules (``CustomInterleaved1F1B``, ``Custom1F1BV``: they place tenso
 and the rest. :class:`PipelineTrainModule` is OLMo-core's train module with its schedule
 replaced by torch's (:class:`TorchSchedule`), which runs on any device and backend, gloo on CPUs
 included, a forward-only pass for evaluation (:meth:`PipelineTrainModule.eval_batch`: the held-out
-loss), and four fixes that make it equal a run without a pipeline:
+loss), the micro-batch's token ids to every stage (:data:`olmx.api.PIPELINE_TOKEN_IDS`), and four
+fixes that make it equal a run without a pipeline:
 
 * DDP's replicas (OLMo-core's composable ``replicate``, which torch's stages do not recognise)
   would all-reduce after every micro-batch's backward while other micro-batches' forwards are
@@ -42,6 +43,8 @@ import torch.distributed as dist
 from olmo_core.distributed.utils import get_world_size
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.train.train_module.transformer.pipeline_train_module import TransformerPipelineTrainModule
+
+from olmx.api import PIPELINE_TOKEN_IDS
 
 
 def _output_is_the_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -150,7 +153,8 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         ]
         for part in replicas:
             part.set_requires_gradient_sync(False)
-        ce, z = super().run_pipeline(*args, **kwargs)
+        input_ids = args[0] if args else kwargs["input_ids"]
+        ce, z = super().run_pipeline(*args, **kwargs, **{PIPELINE_TOKEN_IDS: input_ids})
         if replicas and self.dp_world_size > 1:
             self._average_grads(replicas)
         if not isinstance(self.optimizers[0], SkipStepOptimizer):  # else train_batch sends it on itself
@@ -186,6 +190,7 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
                 out = self._train_pp_schedule.eval(
                     input_ids,
                     labels=labels,
+                    **{PIPELINE_TOKEN_IDS: input_ids},
                     ignore_index=self.label_ignore_index,
                     loss_reduction="none",
                     return_logits=False,

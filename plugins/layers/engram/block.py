@@ -17,7 +17,10 @@ residual before attention: ``x = x + engram(x, engram_hash_ids)``, then the base
 
 Parallelism: sharded tables (``1d``/``2d``) are excluded from FSDP (the block passes them as
 ``ignored_params``) and DDP (``EngramTransformer.apply_ddp`` passes them as ``ignored_modules``
-through :func:`.ddp.apply_ddp_ignoring`). Tensor parallelism is refused. Under Ulysses context
+through :func:`.ddp.apply_ddp_ignoring`). Tensor parallelism is refused. On a pipeline stage
+the model hashes the token ids olmx's pipeline train module passes every stage
+(:data:`olmx.api.PIPELINE_TOKEN_IDS`; ``input_ids`` are hidden states there) for the Engram
+blocks the stage holds, whose tables are replicated (the plan refuses sharded ones). Under Ulysses context
 parallelism the hash ids are computed on the whole sequence and then sharded like the input
 ids, and the convolution reads the previous shard's last ``(kernel_size - 1) * N`` positions
 (``olmx.worker.halo``), so a sharded model computes what the unsharded one does; ring attention
@@ -59,6 +62,8 @@ from olmo_core.nn.transformer.config import (
 from olmo_core.nn.transformer.model import MoETransformer, Transformer
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Placement
+
+from olmx.api import PIPELINE_TOKEN_IDS
 
 from .compression import TokenizerCompression
 from .config import EngramLayerConfig as _User  # the user's config: the derived fields' defaults
@@ -408,16 +413,24 @@ class EngramModelMixin:
     engram_inputs: EngramInputs
 
     def _prepare_inputs(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **kwargs: Any):
-        if getattr(self, "_pp_enabled", False):
-            raise RuntimeError("Engram does not support pipeline parallelism")
+        # On a pipeline stage ``input_ids`` may be the previous stage's hidden states; the
+        # tokens come separately (olmx's pipeline train module passes them to every stage).
+        tokens = kwargs.pop(PIPELINE_TOKEN_IDS, None)
+        if tokens is None:
+            if getattr(self, "_pp_enabled", False):
+                raise RuntimeError(f"Engram on a pipeline stage needs the token ids as {PIPELINE_TOKEN_IDS}=")
+            tokens = input_ids
         # Hash the whole sequence before context parallelism shards it: the first tokens of
         # a shard need the previous shard's last N-1 tokens.
-        hashes = self.engram_inputs(input_ids)
+        hashes = self.engram_inputs(tokens)
         input_ids, labels, all_block_kwargs, per_block_kwargs, lm_head_kwargs = super()._prepare_inputs(  # type: ignore[misc]
             input_ids, labels, **kwargs
         )
         balancer = getattr(self, "_cp_load_balancer", None)
+        here = {int(key) for key in self.blocks}  # type: ignore[attr-defined]
         for layer_id, hash_ids in hashes.items():
+            if layer_id not in here:  # on another pipeline stage
+                continue
             if balancer is not None:
                 (hash_ids,) = balancer.batch_shard(inputs=[hash_ids], seq_dims=[1], pad_values=[0])
             per_block_kwargs[layer_id][ENGRAM_HASH_IDS_KWARG] = hash_ids.to(input_ids.device)
@@ -496,9 +509,10 @@ def apply_engram_inputs(model: Transformer, *, compression: TokenizerCompression
             )
         if engram.table.table_sizes != hasher.table_sizes(layer_id):
             raise OLMoConfigurationError(f"block {layer_id}: Engram table sizes differ from the hasher's")
-    if sorted(engram_layers) != sorted(hasher.layer_ids):
+    here = sorted(i for i in hasher.layer_ids if str(i) in model.blocks)  # a pipeline stage holds some blocks
+    if sorted(engram_layers) != here:
         raise OLMoConfigurationError(
-            f"Engram blocks are {sorted(engram_layers)} but the hasher's layer_ids are {sorted(hasher.layer_ids)}"
+            f"Engram blocks are {sorted(engram_layers)} but the hasher's layer_ids here are {here}"
         )
     inputs = EngramInputs(compression=compression, hasher=hasher)
     model.engram_inputs = inputs

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Optional
 
 from olmx.api import setting
+from olmx.errors import ConfigError
 
 #: Values of ``sharding``: ``auto`` and those of :class:`~.sharding.TableSharding`.
 Sharding = StrEnum("Sharding", [("auto", "auto"), ("replicated", "replicated"), ("1d", "1d"), ("2d", "2d")])
@@ -139,9 +140,25 @@ def table_state_bytes_per_rank(
     return sum(rows_per_rank(rows, shards) * dim for rows in table_rows) * STATE_BYTES_PER_PARAM
 
 
-def choose_sharding(cfg: EngramLayerConfig, *, world: int, table_params: int) -> tuple[str, str]:
+def choose_sharding(
+    cfg: EngramLayerConfig, *, world: int, table_params: int, pipeline: bool = False
+) -> tuple[str, str]:
     """``(sharding, why)``: ``layers.engram.sharding``, with ``auto`` decided by the rule at
-    :data:`AUTO_SHARD_MIN_BYTES` (``world``: ranks; ``table_params``: all layers' tables)."""
+    :data:`AUTO_SHARD_MIN_BYTES` (``world``: ranks; ``table_params``: all layers' tables).
+    Under a pipeline (``pipeline``) the tables are replicated: a sharded table's lookups are
+    exchanged among all ranks, but only the ranks of the stage that holds its block look up."""
+    if pipeline:
+        if cfg.sharding not in ("auto", "replicated"):
+            raise ConfigError(
+                "layers.engram.sharding",
+                f"{cfg.sharding} shards each table over all ranks and exchanges its lookups among them, but under "
+                "pipeline parallelism only the ranks of the stage that holds its block look up: use replicated "
+                "(or auto) with a pipeline",
+            )
+        return (
+            "replicated",
+            "auto: a pipeline (each table on the stage that holds its block)" if cfg.sharding == "auto" else "chosen",
+        )
     if cfg.sharding != "auto":
         return cfg.sharding, "chosen"
     state = table_params * STATE_BYTES_PER_PARAM

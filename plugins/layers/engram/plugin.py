@@ -61,6 +61,9 @@ class EngramLayer(LayerPlugin):
     Decisions = EngramDecisions
     #: Extends whatever block is there: after plugins that replace blocks (order < 90).
     order = 90
+    #: An Engram block and its (replicated) tables sit on the stage that holds the block, which
+    #: hashes the micro-batch's token ids (:data:`olmx.api.PIPELINE_TOKEN_IDS`).
+    pipeline_parallel = True
 
     def resolve(self, cfg: EngramLayerConfig, ctx: Context) -> Contribution:
         """Check what joins the settings (each field's own rule is checked before); table sizes, parameters and
@@ -134,7 +137,7 @@ class EngramLayer(LayerPlugin):
         heads = (cfg.max_ngram_size - 1) * cfg.n_head_per_ngram
         tokens = run.trainer.global_batch_size * run.data.seq_len
         lookups = tokens * heads * len(ids)
-        sharding, why = choose_sharding(cfg, world=world.size, table_params=table_params)
+        sharding, why = choose_sharding(cfg, world=world.size, table_params=table_params, pipeline=ctx.mesh.pp > 1)
         state = table_state_bytes_per_rank(
             [sum(s) for s in tables.values()],
             dim,
@@ -173,7 +176,8 @@ class EngramLayer(LayerPlugin):
                     "; FSDP gathers each whole table and makes its whole gradient at each use"
                     if sharding == "replicated" and ctx.mesh.shards_params and world.size > 1
                     else ""
-                ),
+                )
+                + ("; on a stage that holds every Engram block (the others hold less)" if ctx.mesh.pp > 1 else ""),
             ),
             ("optimizer", self._optimizer_row(cfg, run.trainer)),
             (

@@ -19,7 +19,7 @@ from tests.plugins.parallel.parity import eval_losses, losses
 #: 4 blocks (so that the interleaved schedules have 2 stages per rank at degree 2), 8 steps, a
 #: checkpoint every 2, the held-out loss every 4 (olmx's forward-only pass through the stages).
 #: The training test makes blocks 1 and 3 MoE blocks (:data:`MOE`): each stage holds a dense
-#: block and an MoE block.
+#: block and an MoE block (:data:`MOE_ENGRAM` adds Engram to blocks 0 and 3).
 RUN = [
     "trainer.report=false",
     "model.d_model=64",
@@ -35,6 +35,8 @@ RUN = [
 ]
 PP = ["parallel=[ddp,pp]"]
 MOE = ["layers=[moe]", "layers.moe.every=2", "layers.moe.num_experts=4", "layers.moe.hidden_size=128"]
+#: The training test's layers: MOE, and Engram on blocks 0 and 3 (on the first and the last stage).
+MOE_ENGRAM = ["layers=[engram,moe]", *MOE[1:], "layers.engram.layer_ids=[0,3]"]
 
 
 def plan_for(*overrides: str):
@@ -138,7 +140,11 @@ def test_parallel_auto_tries_a_pipeline_after_every_other_add_on():
         ),
         (["parallel.pp.schedule=Interleaved1F1B", "model.n_layers=2"], "parallel.pp.schedule", "4 stages .* more than"),
         (["parallel=[ddp,ulysses,pp]", "infra.nproc_per_node=4"], "parallel.pp", "with context parallelism"),
-        (["layers=[engram]", "layers.engram.layer_ids=[1]"], "layers.engram", "does not support pipeline"),
+        (
+            ["layers=[engram]", "layers.engram.layer_ids=[1]", "layers.engram.sharding=1d"],
+            "layers.engram.sharding",
+            "only the ranks of the stage that holds its block look up",
+        ),
     ],
 )
 def test_refusals_name_the_field(overrides, field, match):
@@ -147,8 +153,35 @@ def test_refusals_name_the_field(overrides, field, match):
     assert err.value.field == field
 
 
+def test_a_layer_that_does_not_declare_pipeline_support_is_refused():
+    """A layer plugin without ``pipeline_parallel`` (the default: its blocks might read inputs
+    only the first stage has) is refused under a pipeline, naming it and what to do."""
+    from dataclasses import replace
+
+    from olmx.api import Context, LayerPlugin
+    from olmx.plan.mesh import check_tensor_parallel
+
+    class Tokens(LayerPlugin):
+        name = "tokens"
+
+    plan = plan_for(*PP)
+    ctx = Context(plan.run, plan.world, plan.mesh, plan.dtypes, plan.vocab_size, layers=((Tokens(), None),))
+    with pytest.raises(ConfigError, match="does not support pipeline parallelism .* pp=2") as err:
+        check_tensor_parallel(ctx)
+    assert err.value.field == "layers.tokens"
+    check_tensor_parallel(replace(ctx, mesh=plan_for("parallel=[ddp]").mesh))  # no pipeline: accepted
+
+
+def test_engram_tables_sit_on_their_stage_replicated():
+    """Engram under a pipeline: ``sharding=auto`` replicates the tables (a sharded table's
+    lookups would be exchanged among ranks of other stages too)."""
+    plan = plan_for(*PP, "layers=[engram]", "layers.engram.layer_ids=[1,3]")
+    assert dict(plan.sections["layers.engram"])["sharding"].startswith("replicated (auto: a pipeline")
+
+
 def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
-    """A model of dense and MoE blocks. One process to step 2; from its checkpoint, pipelines of
+    """A model of dense and MoE blocks, two of them with Engram (hashing the token ids the
+    pipeline passes to every stage). One process to step 2; from its checkpoint, pipelines of
     degree 2 (1F1B on 2 processes; Interleaved1F1B under ddp_ep 2 x pp 2 on 4: each stage's
     dense parameters replicated over its 2 data-parallel ranks, its experts sharded over them)
     train steps 3-8 with the losses of one process (within 2e-5 relative, as
@@ -161,7 +194,7 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     one = ["infra.nproc_per_node=1", "parallel=[]"]
 
     def train(run, *overrides):
-        proc = olmx_cli("train", *RUN, *MOE, f"trainer.run_dir={run}", *overrides, env=cache)
+        proc = olmx_cli("train", *RUN, *MOE_ENGRAM, f"trainer.run_dir={run}", *overrides, env=cache)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return losses(run), eval_losses(run)
 
