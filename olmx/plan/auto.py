@@ -13,8 +13,8 @@ with its reason). Cheapest means least modelled compute, then least communicatio
    :mod:`olmx.plan.throughput`; everything below costs none in that model);
 2. the layout: no add-on first, then the smallest sequence-parallel degree, then the smallest
    tensor-parallel degree, then the smallest pipeline degree
-   (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then tensor x pipeline parallel
-   (:data:`COMBINED_ADD_ONS`, by tensor degree, then pipeline degree), then the data-parallel kind
+   (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then sequence or tensor x pipeline parallel
+   (:data:`COMBINED_ADD_ONS`, by the first's degree, then the pipeline's), then the data-parallel kind
    in the order of :data:`~olmx.api.PARALLEL_CAPABILITIES` (replicate < experts < hybrid <
    shard; experts only with a layer that has experts, hybrid only over several nodes), then
    each plugin's own options in its order;
@@ -49,9 +49,9 @@ AC_BY_COST: tuple[ActivationCheckpointing | None, ...] = (
 #: Trials shown in the plan before the chosen one (the rest are counted).
 SHOWN = 6
 #: Pairs of add-on capabilities ``parallel=auto`` also tries together, after every single one:
-#: tensor x pipeline parallelism (3-D with the data-parallel strategy). Sequence parallelism
-#: composes with neither yet (:func:`olmx.plan.mesh.resolve_mesh` refuses it).
-COMBINED_ADD_ONS: tuple[tuple[str, str], ...] = (("tensor", "pipeline"),)
+#: sequence x pipeline, then tensor x pipeline parallelism (3-D with the data-parallel strategy).
+#: Sequence and tensor parallelism do not compose yet (:func:`olmx.plan.mesh.resolve_mesh`).
+COMBINED_ADD_ONS: tuple[tuple[str, str], ...] = (("sequence", "pipeline"), ("tensor", "pipeline"))
 
 
 @dataclass(frozen=True)

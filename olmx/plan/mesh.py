@@ -82,12 +82,6 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
         raise ConfigError(
             claimed["tp"][1], f"tensor parallelism with context parallelism ({claimed['cp'][1]}) is not supported yet"
         )
-    if pp > 1 and cp > 1:
-        raise ConfigError(
-            claimed["pp"][1],
-            f"pipeline parallelism with context parallelism ({claimed['cp'][1]}) is not supported yet; "
-            "use either one beside a data-parallel strategy",
-        )
     dp_ranks = left
     strategies = [(p, cfg) for p, cfg in parallel if p.data_parallel]
     if len(strategies) > 1:

@@ -8,8 +8,9 @@ own CUDA schedules (``CustomInterleaved1F1B``, ``Custom1F1BV``: they place tenso
 and the rest. :class:`PipelineTrainModule` is OLMo-core's train module with its schedule
 replaced by torch's (:class:`TorchSchedule`), which runs on any device and backend, gloo on CPUs
 included, a forward-only pass for evaluation (:meth:`PipelineTrainModule.eval_batch`: the held-out
-loss), the micro-batch's token ids to every stage (:data:`olmx.api.PIPELINE_TOKEN_IDS`), and four
-fixes that make it equal a run without a pipeline:
+loss), the micro-batch's token ids to every stage (:data:`olmx.api.PIPELINE_TOKEN_IDS`), the
+batch sharded over the sequence-parallel ranks before the schedule (:meth:`PipelineTrainModule._prepare_batch`),
+and four fixes that make it equal a run without a pipeline:
 
 * DDP's replicas (OLMo-core's composable ``replicate``, which torch's stages do not recognise)
   would all-reduce after every micro-batch's backward while other micro-batches' forwards are
@@ -21,8 +22,8 @@ fixes that make it equal a run without a pipeline:
 * the step's loss reaches the ranks without the final stage by a broadcast over the pipeline
   group (OLMo-core sends it on with an ``isend`` it never waits for, which gloo leaves pending
   while the sender moves on to the next collective), averaged first over the data-parallel and
-  the tensor-parallel ranks (OLMo-core averages it over the former only, so each tensor-parallel
-  rank reported the loss of its slice of the sequence);
+  the tensor- and sequence-parallel ranks (OLMo-core averages it over the former only, so each
+  tensor-parallel rank reported the loss of its slice of the sequence);
 * under tensor parallelism the stages send and receive DTensor activations, whose meshes they
   look up in the world's (:func:`_find_meshes_in`).
 
@@ -153,9 +154,8 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         ]
         for part in replicas:
             part.set_requires_gradient_sync(False)
-        input_ids = args[0] if args else kwargs["input_ids"]
-        ce, z = super().run_pipeline(*args, **kwargs, **{PIPELINE_TOKEN_IDS: input_ids})
-        if replicas and self.dp_world_size > 1:
+        ce, z = super().run_pipeline(*args, **kwargs)
+        if replicas and self.dp_world_size * self._cp_size > 1:
             self._average_grads(replicas)
         if not isinstance(self.optimizers[0], SkipStepOptimizer):  # else train_batch sends it on itself
             ce = self.reduce_send_recv(ce)
@@ -190,7 +190,6 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
                 out = self._train_pp_schedule.eval(
                     input_ids,
                     labels=labels,
-                    **{PIPELINE_TOKEN_IDS: input_ids},
                     ignore_index=self.label_ignore_index,
                     loss_reduction="none",
                     return_logits=False,
@@ -204,7 +203,29 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         else:
             ce_loss = torch.empty(labels.shape, device=self.device)
         dist.broadcast(ce_loss, group=self.pp_group, group_src=self.pp_final_stage_rank)
+        if self.cp_enabled:  # each rank of a sequence-parallel group has a contiguous slice
+            slices = [torch.empty_like(ce_loss) for _ in range(self._cp_size)]
+            dist.all_gather(slices, ce_loss, group=self._cp_group)
+            ce_loss = torch.cat(slices, dim=1)
         return LMOutputWithLoss(logits=None, loss=ce_loss.sum(), ce_loss=ce_loss, z_loss=None)
+
+    def _prepare_batch(self, batch: dict[str, Any], labels: torch.Tensor | None = None) -> Any:
+        """OLMo-core's, plus the token ids for every stage (:data:`olmx.api.PIPELINE_TOKEN_IDS`)
+        and, under sequence parallelism, the input ids and labels sharded here, before the
+        schedule (a stage after the first could not shard the hidden states it receives): each
+        stage's model is told so (``cp_already_sharded``) and shards only its RoPE tables, from
+        the whole sequence's length."""
+        input_ids, labels, kwargs = super()._prepare_batch(batch, labels)
+        kwargs[PIPELINE_TOKEN_IDS] = input_ids
+        if self.cp_enabled:
+            assert labels is not None
+            balancer = self.model_parts[0]._cp_load_balancer
+            length = input_ids.shape[1]
+            input_ids, labels = balancer.batch_shard(
+                inputs=[input_ids, labels], seq_dims=[1, 1], pad_values=[0, self.label_ignore_index]
+            )
+            kwargs |= {"cp_already_sharded": True, "cp_original_seq_len": length}
+        return input_ids, labels, kwargs
 
     def _average_grads(self, parts: list[Any]) -> None:
         """Each part's gradients averaged over the data-parallel ranks, one all-reduce per part;
@@ -220,13 +241,29 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
             flat = _flatten_dense_tensors(grads)
             dist.all_reduce(flat, group=self.dp_process_group)
             flat.div_(self.dp_world_size)
+            if self.cp_enabled:  # a sequence-parallel group's ranks hold replicas too
+                dist.all_reduce(flat, group=self._cp_group)
+                flat.div_(self._cp_size)
             for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
                 grad.copy_(synced)
 
     @cached_property
-    def _tp_groups(self) -> tuple[Any, ...]:
-        """The tensor-parallel process group, if the mesh has one."""
-        return (self.world_mesh["tp"].get_group(),) if self.tp_enabled else ()
+    def _sliced_groups(self) -> tuple[Any, ...]:
+        """The tensor- and sequence-parallel process groups the mesh has: each rank of them holds
+        the loss of its slice of the sequence."""
+        return tuple(
+            self.world_mesh[dim].get_group() for dim, on in (("tp", self.tp_enabled), ("cp", self.cp_enabled)) if on
+        )
+
+    @cached_property
+    def _cp_group(self) -> Any:
+        """The sequence-parallel process group."""
+        return self.world_mesh["cp"].get_group()
+
+    @cached_property
+    def _cp_size(self) -> int:
+        """Ranks that share a sequence (1 without sequence parallelism)."""
+        return self.world_mesh["cp"].size() if self.cp_enabled else 1
 
     def pre_train(self) -> None:
         """Check the batch against the micro-batches and build the schedule (as OLMo-core does,
@@ -250,15 +287,15 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
 
     def reduce_send_recv(self, x: torch.Tensor | None = None) -> torch.Tensor:
         """The step's loss on every rank: the final stage's averaged over the data-parallel
-        ranks (as OLMo-core averages it) and over the tensor-parallel ranks (each holds the loss
-        of its slice of the sequence, scaled by the degree: OLMo-core's LM head reduces only the
-        loss it backpropagates), then broadcast over the pipeline group."""
+        ranks (as OLMo-core averages it) and over the tensor- and sequence-parallel ranks (each
+        holds the loss of its slice of the sequence, scaled by the degree: OLMo-core's LM head
+        reduces only the loss it backpropagates), then broadcast over the pipeline group."""
         if self.pp_group_rank == self.pp_final_stage_rank:
             assert x is not None
             x.div_(self._reduce_divide_factor)
             dist.all_reduce(x, group=self.dp_process_group)
             x.div_(self.dp_world_size)
-            for group in self._tp_groups:
+            for group in self._sliced_groups:
                 dist.all_reduce(x, group=group)
                 x.div_(get_world_size(group))
             x.mul_(self._reduce_divide_factor)

@@ -6,7 +6,8 @@ head) and every micro-batch's activations travel forward through the stages and 
 back, under one of torch's pipeline schedules. The world divided by the degree does data
 parallelism with the other strategy (``ddp``, ``fsdp``, ``hsdp``, ``ddp_ep``), each stage's
 parameters replicated or sharded over its data-parallel ranks (and its experts, under expert
-parallelism, over the expert-parallel ranks among them).
+parallelism, over the expert-parallel ranks among them), and tensor (``tp``) or sequence
+(``ulysses``) parallelism within each stage.
 
 What comes from OLMo-core 3.0.0: ``TransformerPipelineParallelConfig`` (the train module's
 ``pp_config``, which makes it build ``TransformerPipelineTrainModule``), the model split

@@ -139,7 +139,6 @@ def test_parallel_auto_tries_a_pipeline_after_every_other_add_on():
             "1F1B .* 4 stages",
         ),
         (["parallel.pp.schedule=Interleaved1F1B", "model.n_layers=2"], "parallel.pp.schedule", "4 stages .* more than"),
-        (["parallel=[ddp,ulysses,pp]", "infra.nproc_per_node=4"], "parallel.pp", "with context parallelism"),
         (
             ["layers=[engram]", "layers.engram.layer_ids=[1]", "layers.engram.sharding=1d"],
             "layers.engram.sharding",
@@ -182,14 +181,15 @@ def test_engram_tables_sit_on_their_stage_replicated():
 def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     """A model of dense and MoE blocks, two of them with Engram (hashing the token ids the
     pipeline passes to every stage). One process to step 2; from its checkpoint, pipelines of
-    degree 2 (1F1B on 2 processes; Interleaved1F1B under ddp_ep 2 x pp 2 on 4: each stage's
-    dense parameters replicated over its 2 data-parallel ranks, its experts sharded over them)
-    train steps 3-8 with the losses of one process (within 2e-5 relative, as
-    tests/test_training.py compares layouts: 9e-6 with 2 data-parallel ranks, 0 at dp 1) and
-    evaluate the held-out sequences at steps 4 and 8 to its held-out losses (each evaluation
-    between two training steps of the schedule, which it leaves as it was); the 1F1B pipeline's
-    step-4 checkpoint resumes on one process to the same losses. (GPipe, ddp x pp
-    and ZeRO-2 x pp were checked by hand the same way.)"""
+    degree 2 on 4 processes (1F1B under Ulysses 2: each sequence sharded over 2 ranks through
+    every stage; Interleaved1F1B under ddp_ep 2 x pp 2: each stage's dense parameters
+    replicated over its 2 data-parallel ranks, its experts sharded over them) train steps 3-8
+    with the losses of one process (within 2e-5 relative, as tests/test_training.py compares
+    layouts: 9e-6 with 2 data-parallel ranks, 0 at dp 1) and evaluate the held-out sequences at
+    steps 4 and 8 to its held-out losses (each evaluation between two training steps of the
+    schedule, which it leaves as it was); the 1F1B pipeline's step-4 checkpoint resumes on one
+    process to the same losses. (1F1B alone, GPipe, ddp x pp, fsdp x ulysses x pp and ZeRO-2 x
+    pp were checked by hand the same way.)"""
     ref, cache = tmp_path / "ref", {"OLMX_CACHE_DIR": str(tmp_path / "cache")}
     one = ["infra.nproc_per_node=1", "parallel=[]"]
 
@@ -201,7 +201,10 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     start, _ = train(tmp_path / "start", *one, "trainer.stop_at_step=2")
     assert len(start) == 2
     variants: dict[str, tuple[list[str], str]] = {
-        "1F1B": (PP, "parallel.pp.schedule=1F1B"),
+        "ddp x ulysses 2 x 1F1B": (
+            ["parallel=[ddp,ulysses,pp]", "parallel.pp.schedule=1F1B"],
+            "infra.nproc_per_node=4",
+        ),
         "ddp_ep2 x Interleaved1F1B": (["parallel=[ddp_ep,pp]", "parallel.ddp_ep.degree=2"], "infra.nproc_per_node=4"),
     }
     for name in variants:
@@ -215,7 +218,7 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
         assert got_eval == pytest.approx(want_eval, rel=2e-5), name
     # Back to one process from the pipeline's own checkpoint (written by 2 stages).
     back = tmp_path / "back"
-    shutil.copytree(tmp_path / "1F1B", back)
+    shutil.copytree(tmp_path / "ddp x ulysses 2 x 1F1B", back)
     for step in (6, 8):
         shutil.rmtree(back / "checkpoints" / f"step{step}")
     (back / "metrics.jsonl").write_text(
