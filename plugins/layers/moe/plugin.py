@@ -58,11 +58,6 @@ def olmo_core_problem(cfg: MoEConfig, mesh: Mesh, world: World) -> Optional[str]
             "(OLMoDDPModelConfig), which olmx does not map: use a data-parallel strategy that shards "
             "parameters (parallel=[hsdp] parallel.hsdp.expert_parallel=true), or the portable backend"
         )
-    if mesh.pp > 1:
-        return (
-            "olmx has checked pipeline stages with the portable MoE block only (their losses equal one "
-            "process's); OLMo-core's v1 MoE block on a stage is not checked yet"
-        )
     if cfg.shared_hidden_size is not None:
         return (
             "OLMo-core's v1 MoE mixes a shared expert as shared/(k+1) + routed*k/(k+1), not as olmx's shared + routed"
@@ -162,8 +157,8 @@ class MoELayer(LayerPlugin):
     #: Replaces the feed-forward of whole blocks: before plugins that extend blocks.
     order = 10
     experts = True
-    #: MoE blocks are token-wise: on any pipeline stage they need only the hidden states (the
-    #: portable backend; OLMo-core's is refused there, :func:`olmo_core_problem`).
+    #: MoE blocks are token-wise: on any pipeline stage they need only the hidden states (either
+    #: backend: both train to one process's losses there).
     pipeline_parallel = True
 
     def backend(self, plan: Any) -> str:
