@@ -32,6 +32,10 @@ class TensorParallelConfig:
     #: divide the world size, ``model.n_heads``, the kv heads, ``model.hidden_size`` and
     #: ``data.seq_len``; keep it within one node (its collectives run every layer).
     degree: int = setting(2, ge=1)
+    #: OLMo-core's async tensor parallelism (experimental): inductor's micro-pipelined TP
+    #: splits each all-gather and reduce-scatter around the matmuls that use them so that they
+    #: overlap, through symmetric memory. Needs CUDA and ``trainer.compile`` (an inductor pass).
+    async_tp: bool = setting(False)
 
 
 class TensorParallel(ParallelPlugin):
@@ -72,8 +76,19 @@ class TensorParallel(ParallelPlugin):
         return {"tp": p}
 
     def resolve(self, cfg: TensorParallelConfig, ctx: Context) -> Contribution:
-        """What each rank holds and what crosses between the ranks of a group."""
+        """What each rank holds and what crosses between the ranks of a group; async TP's
+        needs."""
         p, m, t = cfg.degree, ctx.run.model, ctx.run.trainer
+        if cfg.async_tp and ctx.world.device != "cuda":
+            raise ConfigError(
+                f"{self.section}.async_tp",
+                f"needs CUDA (symmetric memory between the ranks' GPUs); this run's device is {ctx.world.device}",
+            )
+        if cfg.async_tp and ctx.execution is not None and not ctx.execution.compile:
+            raise ConfigError(
+                f"{self.section}.async_tp",
+                "is an inductor pass over the compiled blocks: set trainer.compile=true (or leave it at auto on CUDA)",
+            )
         tokens = t.micro_batch_size * ctx.run.data.seq_len
         b = ctx.dtypes.compute_bytes
         # per block, forward: the attention and feed-forward outputs are reduce-scattered and
@@ -91,7 +106,8 @@ class TensorParallel(ParallelPlugin):
             (
                 "traffic per block",
                 f"{moved / 2**20:,.2f} MiB per rank forward and as much backward "
-                f"(2 all-gathers + 2 reduce-scatters of {tokens:,} x {m.d_model} at {b} bytes)",
+                f"(2 all-gathers + 2 reduce-scatters of {tokens:,} x {m.d_model} at {b} bytes)"
+                + (", overlapped with the matmuls (async TP)" if cfg.async_tp else ""),
             ),
         ]
         return Contribution(rows=rows)
@@ -102,7 +118,7 @@ class TensorParallel(ParallelPlugin):
         """Set OLMo-core's ``tp_config``."""
         from olmo_core.train.train_module import TransformerTensorParallelConfig
 
-        train_module.tp_config = TransformerTensorParallelConfig(degree=cfg.degree)
+        train_module.tp_config = TransformerTensorParallelConfig(degree=cfg.degree, enable_async=cfg.async_tp)
         return train_module
 
 

@@ -15,6 +15,9 @@ from olmx.registry import registry
 from tests.conftest import olmx_cli
 from tests.plugins.parallel.parity import SMALL, eval_losses, losses
 
+#: One RunPod node of 8 H100s.
+H100_8 = ["infra=runpod", "infra.gpu_type=NVIDIA H100 80GB HBM3", "infra.gpus_per_node=8"]
+
 
 def plan_for(*overrides: str):
     return plan_from_overrides(list(overrides), registry(), now=datetime(2026, 1, 2, 3, 4, 5))
@@ -73,11 +76,35 @@ def test_the_memory_estimate_holds_a_slice_of_the_weights_and_activations():
             "parallel.ddp_ep",
             "keeps full replicas",
         ),
+        (["parallel=[fsdp,tp]", "parallel.tp.async_tp=true"], "parallel.tp.async_tp", "needs CUDA"),
+        (
+            [*H100_8, "parallel=[fsdp,tp]", "parallel.tp.async_tp=true", "trainer.compile=false"],
+            "parallel.tp.async_tp",
+            "set trainer.compile=true",
+        ),
     ],
 )
 def test_what_cannot_work_is_refused_at_plan_time(overrides, field, text):
     err = refusal(*overrides)
     assert err.field == field and text in str(err), str(err)
+
+
+def test_async_tp_goes_to_olmo_core_where_it_can_run():
+    """``parallel.tp.async_tp=true`` on CUDA with the blocks compiled: OLMo-core's
+    ``enable_async`` (not run here: it needs GPUs)."""
+    from olmo_core.optim import AdamWConfig
+    from olmo_core.train.train_module import TransformerTrainModuleConfig
+
+    plan = plan_for(*H100_8, "parallel=[fsdp,tp]", "parallel.tp.async_tp=true", "trainer.micro_batch_size=4")
+    assert "overlapped with the matmuls (async TP)" in dict(plan.sections["parallel.tp"])["traffic per block"]
+    tp = registry().get("parallel", "tp")
+    config = tp.apply_train_module(
+        plan.run.parallel["tp"],
+        TransformerTrainModuleConfig(rank_microbatch_size=4, max_sequence_length=256, optim=AdamWConfig()),
+        plan,
+        (),
+    )
+    assert config.tp_config.degree == 2 and config.tp_config.enable_async
 
 
 def test_parallel_auto_slices_the_weights_where_nothing_without_tensor_parallelism_fits(monkeypatch):
