@@ -158,6 +158,11 @@ class PipelineParallel(ParallelPlugin):
                 f"trainer.micro_batch_size)); bubble {idle:.0%} of the step; the first rank keeps the activations "
                 f"of {kept} at once",
             ),
+            (
+                "initial weights",
+                "each stage drawn from a seed of its own (OLMo-core's), so a fresh pipelined run starts from other "
+                "weights than the same trainer.seed without a pipeline; a resumed checkpoint continues exactly",
+            ),
         ]
         return Contribution(rows=rows, microbatches_in_flight=kept, idle_fraction=idle)
 

@@ -49,6 +49,7 @@ def test_the_plan_splits_the_blocks_and_counts_one_stage_per_rank():
     rows = dict(pp.sections["parallel.pp"])
     assert rows["stages"].startswith("4 (2 per rank, Interleaved1F1B) of ~1 blocks")
     assert rows["micro-batches"].startswith("4 per pipeline per step")  # 8 / (1 dp rank x 2)
+    assert rows["initial weights"].startswith("each stage drawn from a seed of its own")
     reg = registry()
     e_one, e_pp = estimate_run(one.run, one.world, reg).est, estimate_run(pp.run, pp.world, reg).est
     # A rank holds half the blocks and one of the two vocab x d matrices (embedding or head).
