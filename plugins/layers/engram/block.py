@@ -39,6 +39,7 @@ that are not matrices (convolution kernel, norm gains, projection biases) match
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, cast
 
@@ -391,9 +392,11 @@ def engram_block_class(block_cls: type) -> type:
 
 
 class EngramInputs:
-    """Raw token ids -> hash ids of every Engram layer (compression, then hashing)."""
+    """Raw token ids -> hash ids of the model's Engram layers (compression, then hashing)."""
 
-    def __init__(self, *, compression: TokenizerCompression, hasher: NgramHasher):
+    def __init__(
+        self, *, compression: TokenizerCompression, hasher: NgramHasher, layer_ids: Sequence[int] | None = None
+    ):
         if hasher.compressed_vocab_size != compression.compressed_vocab_size:
             raise ValueError(
                 f"hasher.compressed_vocab_size={hasher.compressed_vocab_size} != "
@@ -401,10 +404,14 @@ class EngramInputs:
             )
         self.compression = compression
         self.hasher = hasher
+        #: The Engram layers hashed: all of the hasher's, or those a pipeline stage holds.
+        self.layer_ids = list(hasher.layer_ids if layer_ids is None else layer_ids)
 
     def __call__(self, input_ids: torch.Tensor) -> dict[int, torch.Tensor]:
         """``{layer_id: LongTensor[B, T, (N-1)*K]}`` for raw ids ``[B, T]``."""
-        return self.hasher.hash_all(self.compression.compress(input_ids))
+        if not self.layer_ids:  # a pipeline stage without Engram blocks
+            return {}
+        return self.hasher.hash_all(self.compression.compress(input_ids), self.layer_ids)
 
 
 class EngramModelMixin:
@@ -427,10 +434,7 @@ class EngramModelMixin:
             input_ids, labels, **kwargs
         )
         balancer = getattr(self, "_cp_load_balancer", None)
-        here = {int(key) for key in self.blocks}  # type: ignore[attr-defined]
         for layer_id, hash_ids in hashes.items():
-            if layer_id not in here:  # on another pipeline stage
-                continue
             if balancer is not None:
                 (hash_ids,) = balancer.batch_shard(inputs=[hash_ids], seq_dims=[1], pad_values=[0])
             per_block_kwargs[layer_id][ENGRAM_HASH_IDS_KWARG] = hash_ids.to(input_ids.device)
@@ -514,6 +518,6 @@ def apply_engram_inputs(model: Transformer, *, compression: TokenizerCompression
         raise OLMoConfigurationError(
             f"Engram blocks are {sorted(engram_layers)} but the hasher's layer_ids here are {here}"
         )
-    inputs = EngramInputs(compression=compression, hasher=hasher)
+    inputs = EngramInputs(compression=compression, hasher=hasher, layer_ids=here)
     model.engram_inputs = inputs
     return model

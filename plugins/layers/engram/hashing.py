@@ -115,10 +115,12 @@ class NgramHasher:
         self._check_layer(layer_id)
         return self._hash_layer(self._shifts(canonical_ids), layer_id)
 
-    def hash_all(self, canonical_ids: torch.Tensor) -> dict[int, torch.Tensor]:
-        """:meth:`hash` for every layer, sharing the shifted copies of the input."""
+    def hash_all(self, canonical_ids: torch.Tensor, layer_ids: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
+        """:meth:`hash` for every layer (or those of ``layer_ids``), sharing the shifted copies of
+        the input."""
+        layer_ids = self.layer_ids if layer_ids is None else [self._check_layer(i) for i in layer_ids]
         shifts = self._shifts(canonical_ids)
-        return {layer_id: self._hash_layer(shifts, layer_id) for layer_id in self.layer_ids}
+        return {layer_id: self._hash_layer(shifts, layer_id) for layer_id in layer_ids}
 
     def _check_layer(self, layer_id: int) -> int:
         if layer_id not in self._multipliers:
