@@ -155,7 +155,7 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         for part in replicas:
             part.set_requires_gradient_sync(False)
         ce, z = super().run_pipeline(*args, **kwargs)
-        if replicas and self.dp_world_size * self._cp_size > 1:
+        if replicas and (self.dp_world_size > 1 or self.cp_enabled):
             self._average_grads(replicas)
         if not isinstance(self.optimizers[0], SkipStepOptimizer):  # else train_batch sends it on itself
             ce = self.reduce_send_recv(ce)
@@ -203,9 +203,9 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         else:
             ce_loss = torch.empty(labels.shape, device=self.device)
         dist.broadcast(ce_loss, group=self.pp_group, group_src=self.pp_final_stage_rank)
-        if self.cp_enabled:  # each rank of a sequence-parallel group has a contiguous slice
-            slices = [torch.empty_like(ce_loss) for _ in range(self._cp_size)]
-            dist.all_gather(slices, ce_loss, group=self._cp_group)
+        for group in self._cp_groups:  # each rank of a sequence-parallel group has a contiguous slice
+            slices = [torch.empty_like(ce_loss) for _ in range(get_world_size(group))]
+            dist.all_gather(slices, ce_loss, group=group)
             ce_loss = torch.cat(slices, dim=1)
         return LMOutputWithLoss(logits=None, loss=ce_loss.sum(), ce_loss=ce_loss, z_loss=None)
 
@@ -228,9 +228,10 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         return input_ids, labels, kwargs
 
     def _average_grads(self, parts: list[Any]) -> None:
-        """Each part's gradients averaged over the data-parallel ranks, one all-reduce per part;
-        DTensor gradients are left alone: their own FSDP module reduced them (the experts under
-        expert parallelism, which DDP's ``replicate`` skips too)."""
+        """Each part's gradients averaged over the data-parallel ranks and the sequence-parallel
+        ones (which hold replicas too), one all-reduce per part and group; DTensor gradients are
+        left alone: their own FSDP module reduced them (the experts under expert parallelism,
+        which DDP's ``replicate`` skips too)."""
         from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
         from torch.distributed.tensor import DTensor
 
@@ -239,31 +240,19 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
             if not grads:
                 continue
             flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=self.dp_process_group)
-            flat.div_(self.dp_world_size)
-            if self.cp_enabled:  # a sequence-parallel group's ranks hold replicas too
-                dist.all_reduce(flat, group=self._cp_group)
-                flat.div_(self._cp_size)
+            _mean_over(flat, (self.dp_process_group, *self._cp_groups))
             for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
                 grad.copy_(synced)
 
     @cached_property
-    def _sliced_groups(self) -> tuple[Any, ...]:
-        """The tensor- and sequence-parallel process groups the mesh has: each rank of them holds
-        the loss of its slice of the sequence."""
-        return tuple(
-            self.world_mesh[dim].get_group() for dim, on in (("tp", self.tp_enabled), ("cp", self.cp_enabled)) if on
-        )
+    def _tp_groups(self) -> tuple[Any, ...]:
+        """The tensor-parallel process group, if the mesh has one."""
+        return (self.world_mesh["tp"].get_group(),) if self.tp_enabled else ()
 
     @cached_property
-    def _cp_group(self) -> Any:
-        """The sequence-parallel process group."""
-        return self.world_mesh["cp"].get_group()
-
-    @cached_property
-    def _cp_size(self) -> int:
-        """Ranks that share a sequence (1 without sequence parallelism)."""
-        return self.world_mesh["cp"].size() if self.cp_enabled else 1
+    def _cp_groups(self) -> tuple[Any, ...]:
+        """The sequence-parallel process group, if the mesh has one."""
+        return (self.world_mesh["cp"].get_group(),) if self.cp_enabled else ()
 
     def pre_train(self) -> None:
         """Check the batch against the micro-batches and build the schedule (as OLMo-core does,
@@ -293,16 +282,20 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
         if self.pp_group_rank == self.pp_final_stage_rank:
             assert x is not None
             x.div_(self._reduce_divide_factor)
-            dist.all_reduce(x, group=self.dp_process_group)
-            x.div_(self.dp_world_size)
-            for group in self._sliced_groups:
-                dist.all_reduce(x, group=group)
-                x.div_(get_world_size(group))
+            _mean_over(x, (self.dp_process_group, *self._tp_groups, *self._cp_groups))
             x.mul_(self._reduce_divide_factor)
         else:
             x = torch.empty([], device=self.device)
         dist.broadcast(x, group=self.pp_group, group_src=self.pp_final_stage_rank)
         return x
+
+
+def _mean_over(x: torch.Tensor, groups: tuple[Any, ...]) -> None:
+    """``x`` averaged in place over each process group in turn (over all their ranks together,
+    as each spans another mesh dimension)."""
+    for group in groups:
+        dist.all_reduce(x, group=group)
+        x.div_(get_world_size(group))
 
 
 def edit_stages_after_split(pp_config: Any, edit: Callable[[Any], None]) -> Any:
