@@ -4,7 +4,6 @@ equal to one process."""
 
 from __future__ import annotations
 
-import shutil
 from datetime import datetime
 
 import pytest
@@ -13,7 +12,7 @@ from olmx.errors import ConfigError
 from olmx.plan.resolve import plan_from_overrides
 from olmx.registry import registry
 from tests.conftest import olmx_cli
-from tests.plugins.parallel.parity import SMALL, eval_losses, losses
+from tests.plugins.parallel.parity import SMALL, copy_as_of, eval_losses, losses
 
 #: One RunPod node of 8 H100s.
 H100_8 = ["infra=runpod", "infra.gpu_type=NVIDIA H100 80GB HBM3", "infra.gpus_per_node=8"]
@@ -155,11 +154,7 @@ def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
     runs["tp_pp"] = ["parallel=[fsdp,tp,pp]", "parallel.pp.schedule=1F1B", "infra.nproc_per_node=4"]
     for name, overrides in runs.items():
         if name == "tp_pp":
-            shutil.copytree(tmp_path / "one", tmp_path / name)
-            for step in (4, 6):
-                shutil.rmtree(tmp_path / name / "checkpoints" / f"step{step}")
-            metrics = tmp_path / name / "metrics.jsonl"
-            metrics.write_text("".join(f"{line}\n" for line in metrics.read_text().splitlines()[:2]))
+            copy_as_of(tmp_path / "one", tmp_path / name, 2)
         done = olmx_cli("train", *run, *overrides, f"trainer.run_dir={tmp_path / name}", env=env)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Resuming from the checkpoint at step 2" in done.stdout

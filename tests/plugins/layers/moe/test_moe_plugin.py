@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
 
 from olmx.cli import app
 from tests.conftest import olmx_cli
+from tests.plugins.parallel.parity import copy_as_of
 
 TINY_MOE = [
     "trainer.report=false",
@@ -143,11 +143,7 @@ def test_olmo_core_backend_under_tritons_interpreter_equals_one_process_and_the_
     # Pipeline stages of OLMo-core's MoE blocks (ddp x pp 2, 1F1B: one block a stage) resume the
     # single process's step-1 checkpoint (a pipeline's stages start from other initial weights)
     # to its losses (measured equal; hsdp with expert parallelism x pp, by hand: 1.8e-5 at step 3)
-    shutil.copytree(tmp_path / "single", tmp_path / "pp")
-    for step in (2, 3):
-        shutil.rmtree(tmp_path / "pp" / "checkpoints" / f"step{step}")
-    metrics = tmp_path / "pp" / "metrics.jsonl"
-    metrics.write_text(metrics.read_text().splitlines()[0] + "\n")
+    copy_as_of(tmp_path / "single", tmp_path / "pp", 1)
     pipeline = run("pp", "olmo_core", "parallel=[ddp,pp]", "trainer.save_interval=1")
     assert pipeline[1:] == pytest.approx(single[1:], rel=2e-4)
     # Steps 1-2 agree to 1e-7; by step 3, 7e-5 (measured) of reduction-order noise: 4 tokens
