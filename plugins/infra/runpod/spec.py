@@ -69,16 +69,42 @@ class ClusterType(StrEnum):
     RAY = "RAY"
 
 
-@dataclass(frozen=True)
-class PodSpec:
-    """One RunPod GPU pod, as olmx wants it."""
+@dataclass(frozen=True, kw_only=True)
+class ContainerSpec:
+    """What a pod and every node of an instant cluster share: the container and how it is
+    reached (the fields of both v2 bodies, :func:`_container_fields`)."""
 
     name: str
-    """Pod name shown in the RunPod console; also how an ambiguous create is recovered."""
+    """Name shown in the RunPod console; also how an ambiguous create is recovered."""
     gpu_type_id: str
     """RunPod GPU type id, e.g. ``"NVIDIA H100 80GB HBM3"`` (``GET /v2/catalog/gpus``)."""
     image: str
-    """Container image, pinned (e.g. a tag with torch, CUDA and a prebuilt flash-attn)."""
+    """Container image, pinned (e.g. a tag with torch, CUDA and a prebuilt flash-attn);
+    clusters take no private-registry credential."""
+    container_disk_gb: int = 100
+    """Container disk in GB (of each node): local NVMe, wiped when the pod stops; data and
+    checkpoints live here and are synced out explicitly."""
+    network_volume_id: str | None = None
+    """Attach this network volume (none by default: network volumes are slow for training)."""
+    network_volume_path: str = "/runpod-volume"
+    """Mount path of the network volume inside the container."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables of the container (a cluster's nodes also get NODE_RANK,
+    MASTER_ADDR, ... from RunPod)."""
+    ports: tuple[str, ...] = (SSH_PORT,)
+    """Published ports as ``"port/protocol"``; ``22/tcp`` is added when missing."""
+    data_center_ids: tuple[str, ...] = ()
+    """Preferred data centres, in order; empty lets RunPod choose (a cluster always lands in one)."""
+    args: str = ""
+    """Arguments passed to the image's entrypoint (empty: the image's default)."""
+    start_ssh: bool = True
+    """Ask RunPod to install the account's SSH public keys into the container."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodSpec(ContainerSpec):
+    """One RunPod GPU pod, as olmx wants it."""
+
     gpu_count: int = 1
     """GPUs on the pod; 0 asks for a CPU pod (``cpu_flavor_id`` x ``vcpu_count``), which is
     cheap for checking that a run starts before renting GPUs."""
@@ -89,59 +115,20 @@ class PodSpec:
     """CPU pods: RunPod CPU flavor (``GET /v2/catalog/cpus``), e.g. ``cpu3c`` (compute-optimised)."""
     vcpu_count: int = 4
     """CPU pods: vCPUs; RunPod derives the memory from the flavor."""
-    container_disk_gb: int = 100
-    """Container disk in GB: local NVMe, wiped when the pod stops; data and checkpoints live
-    here and are synced out explicitly."""
-    network_volume_id: str | None = None
-    """Attach this network volume (none by default: network volumes are slow for training)."""
-    network_volume_path: str = "/runpod-volume"
-    """Mount path of the network volume inside the container."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Environment variables of the container."""
-    ports: tuple[str, ...] = (SSH_PORT,)
-    """Published ports as ``"port/protocol"``; ``22/tcp`` is added when missing."""
     cloud_type: CloudType = CloudType.SECURE
     """``SECURE`` (RunPod data centres) or ``COMMUNITY``."""
-    data_center_ids: tuple[str, ...] = ()
-    """Preferred data centres, in order; empty lets RunPod choose."""
-    args: str = ""
-    """Arguments passed to the image's entrypoint (empty: the image's default)."""
-    start_ssh: bool = True
-    """Ask RunPod to install the account's SSH public keys into the pod."""
 
 
-@dataclass(frozen=True)
-class ClusterSpec:
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec(ContainerSpec):
     """One RunPod instant cluster: ``pod_count`` identical GPU pods on a private network."""
 
-    name: str
-    """Cluster name; also how an ambiguous create is recovered."""
-    gpu_type_id: str
-    """RunPod GPU type id of every pod."""
-    image: str
-    """Container image of every pod (clusters take no private-registry credential)."""
     pod_count: int = 2
     """Number of nodes, 2 to 250."""
     gpus_per_pod: int = 8
     """GPUs on each node."""
-    container_disk_gb: int = 100
-    """Container disk of each node in GB."""
-    network_volume_id: str | None = None
-    """Attach this network volume to every node (none by default)."""
-    network_volume_path: str = "/runpod-volume"
-    """Mount path of the network volume."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Environment variables of every node (RunPod adds NODE_RANK, MASTER_ADDR, ...)."""
-    ports: tuple[str, ...] = (SSH_PORT,)
-    """Published ports of every node; ``22/tcp`` is added when missing."""
     cluster_type: ClusterType = ClusterType.TRAINING
     """RunPod cluster type."""
-    data_center_ids: tuple[str, ...] = ()
-    """Preferred data centres; a cluster always lands in one."""
-    args: str = ""
-    """Arguments passed to the image's entrypoint."""
-    start_ssh: bool = True
-    """Install the account's SSH public keys into every node."""
 
 
 def build_pod_request(spec: PodSpec) -> dict[str, Any]:
@@ -194,7 +181,7 @@ def build_cluster_request(spec: ClusterSpec) -> dict[str, Any]:
     return body
 
 
-def _container_fields(spec: PodSpec | ClusterSpec) -> dict[str, Any]:
+def _container_fields(spec: ContainerSpec) -> dict[str, Any]:
     """Fields shared by pod and cluster bodies, in a fixed order."""
     ports = list(spec.ports)
     for port in ports:
