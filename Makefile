@@ -15,10 +15,13 @@ train: $(STAMP)  ## train the embedded default (tiny model, stdlib corpus, 2 CPU
 test: $(STAMP)  ## run the test suite (what CI runs)
 	OLMO_DISABLE_PER_RANK_TRITON_CACHE=1 $(BIN)/python -m pytest -q -n auto --dist loadgroup $(PYTEST_ARGS)
 
-lint: $(STAMP)  ## ruff (lint + format) and mypy, as .ci/run and the pre-commit hooks run them
+# The dependency rules (tests/test_architecture.py) and the docs' layout (tests/test_docs.py)
+# read only the source: they run here too, in seconds, as well as in make test.
+lint: $(STAMP)  ## ruff (lint + format), mypy and the architecture and docs tests, as .ci/run runs them
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:xdist tests/test_architecture.py tests/test_docs.py
 
 venv: $(STAMP)
 
