@@ -69,3 +69,10 @@ def test_the_layout_names_every_module_and_plugin() -> None:
 def test_the_layout_names_nothing_that_is_gone() -> None:
     gone = sorted(p for p in layout_paths() if not (REPO / p).exists())
     assert not gone, f"docs/architecture.md's layout names {gone}, which do not exist"
+
+
+def test_the_readme_lists_every_experiment() -> None:
+    readme = (REPO / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `experiment` |")]
+    missing = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml") if f"`{p.stem}`" not in row)
+    assert not missing, f"README.md's experiment row does not list {missing}"
