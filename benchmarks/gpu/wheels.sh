@@ -18,7 +18,15 @@
 #     that its plugins' entry points are found through importlib.metadata there;
 #   - typer 0.28 (with shellingham and annotated-doc), although the image has a typer: olmx
 #     needs >=0.26,<0.29 and the image's version is not known; first on PYTHONPATH, it wins;
+#   - protobuf 7.36.2: OLMo-core's import of olmo_core.train and olmo_core.io goes through
+#     cached_path -> google-api-core -> googleapis-common-protos 1.76, whose generated modules
+#     need protobuf >=6.33.5,<8; the image lists protobuf without a version, so it is carried and
+#     smoke.py installs it only where the image's is outside that range;
 #   - not pandas: OLMo-core declares it but never imports it (12 MiB saved).
+# The two builds (antlr4, olmx) run in pip's isolated build environments, with the setuptools
+# their [build-system] asks for (olmx: >=77, for the SPDX `license = "Apache-2.0"`), fetched
+# from PyPI like the wheels: the building interpreter's own setuptools (a system python3 may
+# have 65) plays no part, so any python3 with pip builds them.
 # Everything must stay under the device's 64 MiB (tree included); the script checks it.
 # With the default folder it adds `/.whl/` to .git/info/exclude (a local ignore, not a commit),
 # so that the folder is an ignored path to name in the device run's `carry`.
@@ -26,9 +34,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 WHL_DIR="${WHL_DIR:-.whl}"
-# The interpreter that downloads and builds (it needs pip and setuptools); not the target's.
+# The interpreter that downloads and builds (it needs pip, nothing else); not the target's.
 if [ -z "${BUILD_PYTHON:-}" ]; then
     if [ -x .venv/bin/python ]; then BUILD_PYTHON=.venv/bin/python; else BUILD_PYTHON=python3; fi
+fi
+if ! "$BUILD_PYTHON" -m pip --version >/dev/null 2>&1; then
+    echo "wheels.sh: $BUILD_PYTHON has no pip; name an interpreter that has one: BUILD_PYTHON=/path/to/python" >&2
+    exit 2
 fi
 if [ -n "${PYTHON:-}" ]; then
     TARGET=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -42,7 +54,7 @@ PINS=(
     google-cloud-storage==3.17.1 google-api-core==2.44.0 google-auth==2.63.0 google-cloud-core==2.8.0
     google-resumable-media==2.11.0 google-crc32c==1.9.0 googleapis-common-protos==1.76.0 proto-plus==1.29.0
     pyasn1==0.6.5 pyasn1-modules==0.4.2 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 opentelemetry-api==1.45.2
-    typer==0.28.0 shellingham==1.5.4 annotated-doc==0.0.7
+    protobuf==7.36.2 typer==0.28.0 shellingham==1.5.4 annotated-doc==0.0.7
 )
 started=$(date +%s)
 mkdir -p "$WHL_DIR"
@@ -56,12 +68,9 @@ echo "wheels.sh: downloading ${#PINS[@]} wheels for CPython $TARGET (manylinux x
 "$BUILD_PYTHON" -m pip download -q --no-deps --only-binary=:all: --implementation cp --python-version "$TARGET" \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$WHL_DIR" "${PINS[@]}"
 
-# Pure-Python builds with the building interpreter's setuptools when it has one (no isolated
-# build environment to download), else in pip's isolated one.
-isolation=()
-"$BUILD_PYTHON" -c 'import setuptools' 2>/dev/null && isolation=(--no-build-isolation)
+# Pure-Python builds, each in pip's isolated build environment (the header says why).
 echo "wheels.sh: building antlr4-python3-runtime 4.9.3 from its sdist"
-"$BUILD_PYTHON" -m pip wheel -q --no-deps "${isolation[@]}" -w "$WHL_DIR" antlr4-python3-runtime==4.9.3
+"$BUILD_PYTHON" -m pip wheel -q --no-deps -w "$WHL_DIR" antlr4-python3-runtime==4.9.3
 
 # olmx from a copy of the working tree (building in place would leave build/ in the tree).
 src=$(mktemp -d)
@@ -74,7 +83,7 @@ else
 fi
 tree_mib=$(du -sm "$src" | cut -f1)
 echo "wheels.sh: building olmx's wheel from the working tree"
-"$BUILD_PYTHON" -m pip wheel -q --no-deps "${isolation[@]}" -w "$WHL_DIR" "$src"
+"$BUILD_PYTHON" -m pip wheel -q --no-deps -w "$WHL_DIR" "$src"
 
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain 2>/dev/null | wc -l | tr -d ' ')
