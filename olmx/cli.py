@@ -175,8 +175,8 @@ def plugins_list(
     check: bool = typer.Option(False, "--check", help="Also import each plugin and check its protocol."),
 ) -> None:
     """Every installed plugin (imports none of them unless --check)."""
-    from olmx.api import GROUPS
     from olmx.errors import ConfigError
+    from olmx.kinds import GROUPS
     from olmx.registry import registry
 
     if kind is not None and kind not in GROUPS:
@@ -245,9 +245,9 @@ def plugins_show(
     from rich.markup import escape
     from rich.table import Table
 
-    from olmx.api import CONFIG_GROUPS, SINGLE_KINDS, config_section
     from olmx.config.docs import schema_rows
     from olmx.errors import PluginError
+    from olmx.kinds import CONFIG_GROUPS, SINGLE_KINDS, config_section
     from olmx.registry import registry
 
     reg = registry()

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from olmx import PLUGIN_API
-from olmx.api import BASES, GROUPS, REQUIRED_HOOKS
+from olmx.api import BASES, REQUIRED_HOOKS
 from olmx.errors import PluginError
+from olmx.kinds import GROUPS
 
 FIRST_PARTY_DIST = "olmx"
 

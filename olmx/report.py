@@ -109,7 +109,7 @@ def peak_flops(device_name: str, compute_dtype: str) -> float | None:
     """Dense 16-bit peak FLOP/s of one device for a run computing in ``compute_dtype`` (the
     plan's ``dtypes.param``; None for float32 or where unknown), from
     :data:`olmx.launch.devices.PEAK_FLOPS`."""
-    from olmx.launch.devices import peak_flops as device_peak
+    from olmx.hardware import peak_flops as device_peak
 
     return None if compute_dtype == "float32" else device_peak(device_name, "bfloat16")
 

@@ -1,9 +1,10 @@
 """The dependency rules of the code base, checked on its source (import-linter's job, done with
 ``ast`` so that it needs nothing installed):
 
-* no import cycles among olmx's and the first-party plugins' modules (imports inside functions
+* no import cycles among olmx's and the first-party plugins' files (imports inside functions
   count too; those under ``if TYPE_CHECKING:`` do not), counting the package ``__init__`` an
-  import runs;
+  import runs, and none among their packages (``olmx.plan`` importing ``olmx.launch``, which
+  imports ``olmx.plan``, is a cycle even where no file imports itself back);
 * plugins import from olmx only the public surface (``olmx.api.PUBLIC_MODULES``, ``__all__``);
 * no plugin imports another plugin: a plugin is the module an entry point names, or its
   package when that module lives in one (``olmx_plugins.layers.moe``); modules beside them
@@ -142,6 +143,22 @@ def with_packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
+def package_of(module: str) -> str:
+    """The unit a package-level cycle is counted between: olmx's top-level modules and packages
+    (``olmx.api``, ``olmx.plan``), a first-party plugin's kind package member
+    (``olmx_plugins.layers.moe``)."""
+    return ".".join(module.split(".")[: 3 if module.startswith("olmx_plugins.") else 2])
+
+
+def packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``edges`` between :func:`package_of` units (a unit's imports of itself dropped)."""
+    out: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        unit = package_of(module)
+        out.setdefault(unit, set()).update(package_of(t) for t in targets if package_of(t) != unit)
+    return out
+
+
 def test_there_are_no_import_cycles():
     """Among modules, and counting the packages an import runs (a cycle through a package's
     ``__init__`` is a cycle: ``olmx.api`` importing ``olmx.plan.linears`` ran ``olmx.plan``, which
@@ -150,11 +167,22 @@ def test_there_are_no_import_cycles():
     assert cycles(with_packages(graph())) == []
 
 
+def test_there_are_no_package_cycles():
+    """Among olmx's packages and top-level modules: the plugin contract (``olmx.api``) and the
+    leaves it re-exports (``olmx.kinds``, ``olmx.types``, ``olmx.rules``) import no stage; the
+    plan reads the GPU tables from ``olmx.hardware``, not from the launchers."""
+    assert cycles(packages(graph())) == []
+
+
 def test_the_cycle_finder_finds_a_cycle_and_one_through_a_package():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     edges = {"p": {"q.x"}, "p.y": set(), "q": set(), "q.x": {"p.y"}}  # no cycle among modules
     assert cycles(edges) == []
     assert cycles(with_packages(edges)) == [["p", "q.x"]]  # q.x imports p.y, which runs p; p imports q.x
+    # olmx.api -> olmx.config.rules, olmx.config.compose -> olmx.api: no file cycle, a package one
+    edges = {"olmx.api": {"olmx.config.rules"}, "olmx.config.rules": set(), "olmx.config.compose": {"olmx.api"}}
+    assert cycles(with_packages(edges)) == []
+    assert cycles(packages(edges)) == [["olmx.api", "olmx.config"]]
 
 
 def test_plugins_import_only_the_public_surface():

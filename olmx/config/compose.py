@@ -14,10 +14,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from olmx.api import CONFIG_GROUPS, SINGLE_KINDS, config_section
-from olmx.config import rules
+from olmx import rules
 from olmx.config.schema import AUTO, AutoParallelConfig, RunConfig, SourceConfig
 from olmx.errors import ConfigError
+from olmx.kinds import CONFIG_GROUPS, SINGLE_KINDS, config_section
 from olmx.registry import Registry
 
 #: Kinds whose group is selected as a list of named sections (``layers.moe.top_k``); the

@@ -43,8 +43,8 @@ def _own_field_docs(cls: type) -> dict[str, str]:
 
 def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
     """``(key, type, default, allowed, doc)`` for every field, nested dataclasses flattened;
-    ``allowed`` is the field's declared rule in words (:mod:`olmx.config.rules`)."""
-    from olmx.config.rules import allowed
+    ``allowed`` is the field's declared rule in words (:mod:`olmx.rules`)."""
+    from olmx.rules import allowed
 
     rows: list[tuple[str, str, str, str, str]] = []
     docs = field_docs(cls)

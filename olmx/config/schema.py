@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from olmx.config.rules import setting
+from olmx.rules import setting
 
 
 class Block(StrEnum):

@@ -13,9 +13,9 @@ import sysconfig
 from dataclasses import replace
 from pathlib import Path
 
-from olmx.api import Mesh
 from olmx.config.schema import DataSource, RunConfig
 from olmx.errors import ConfigError
+from olmx.types import Mesh
 
 #: Byte-level data (``data=stdlib``/``text``): ids 0-255 are bytes and olmx writes ``uint16``
 #: caches, which OLMo-core reads as such for 257 to 65,536 ids (olmx.data.files.token_dtype).

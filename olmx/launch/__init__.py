@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from olmx.config.rules import setting
 from olmx.plan import Plan
+from olmx.rules import setting
 from olmx.rundir import RunDir
 
 #: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).

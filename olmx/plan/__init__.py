@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from olmx.api import Dtypes, Mesh, World
 from olmx.config.schema import RunConfig
 from olmx.plan.execution import Execution
 from olmx.rundir import PLAN_FILE
+from olmx.types import Dtypes, Mesh, World
 
 
 @dataclass(frozen=True)

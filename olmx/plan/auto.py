@@ -35,10 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from olmx.api import ADD_ON_CAPABILITIES, PARALLEL_CAPABILITIES, World
 from olmx.config.schema import AUTO, ActivationCheckpointing, RunConfig
 from olmx.errors import ConfigError, OlmxError
 from olmx.plan.memory import GIB, gib, usable_gib
+from olmx.types import ADD_ON_CAPABILITIES, PARALLEL_CAPABILITIES, World
 
 #: ``trainer.activation_checkpointing`` by recompute, cheapest first.
 AC_BY_COST: tuple[ActivationCheckpointing | None, ...] = (

@@ -14,9 +14,9 @@ import typing
 from enum import Enum
 from typing import Any, TypeVar, Union
 
-from olmx.api import CONFIG_GROUPS, SINGLE_KINDS
-from olmx.config import rules
+from olmx import rules
 from olmx.errors import ConfigError, OlmxError
+from olmx.kinds import CONFIG_GROUPS, SINGLE_KINDS
 
 T = TypeVar("T")
 

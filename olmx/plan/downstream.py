@@ -26,9 +26,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from olmx.api import Mesh
 from olmx.config.schema import RunConfig
 from olmx.errors import ConfigError
+from olmx.types import Mesh
 
 #: olmo_eval's collator pads every batch to a multiple of this many tokens.
 PAD_MULTIPLE = 128

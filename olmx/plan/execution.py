@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from olmx.api import Dtypes, World
 from olmx.errors import ConfigError
+from olmx.types import Dtypes, World
 
 COMPILE_MODES = ("auto", "true", "false")
 #: Metric records per step on CUDA when ``trainer.log_interval`` is null (OLMo-core's scripts

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from olmx.api import LinearLayer
+from olmx.types import LinearLayer
 
 #: Why the output head is never converted to a low-precision format.
 HEAD_KEEP = "output head: its logits feed the softmax and loss (OLMo-core never converts it)"

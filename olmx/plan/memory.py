@@ -67,8 +67,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from olmx.api import FF_H, Mesh, World
 from olmx.config.schema import ActivationCheckpointing, RunConfig
+from olmx.types import FF_H, Mesh, World
 
 GIB = 1 << 30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from olmx.api import CLAIMABLE_DIMS, Context, Mesh, World
 from olmx.errors import ConfigError, OlmxError
+from olmx.types import CLAIMABLE_DIMS, Context, Mesh, World
 
 if TYPE_CHECKING:
     from olmx.config.schema import RunConfig

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from olmx import __version__
-from olmx.api import CONFIG_GROUPS, KIND_ORDER, Context, Contribution, Mesh, Plugin, World, check_dtypes
+from olmx.api import Plugin
 from olmx.config.schema import ModelConfig, RunConfig
 from olmx.data.checks import check_data, check_data_settings, check_eval, default_holdout
 from olmx.data.tokenizer import resolve_tokenizer
 from olmx.errors import ConfigError
+from olmx.kinds import CONFIG_GROUPS, KIND_ORDER
 from olmx.plan import BatchPlan, ParamCounts, Plan
 from olmx.plan.downstream import plan_downstream
 from olmx.plan.execution import kernel_warnings, resolve_execution
@@ -28,6 +29,7 @@ from olmx.plan.mesh import check_experts, check_tensor_parallel, resolve_mesh
 from olmx.plan.resume import check_resume
 from olmx.registry import Registry
 from olmx.rundir import RunDir
+from olmx.types import Context, Contribution, Mesh, World, check_dtypes
 from olmx.writable import check_writable
 
 if TYPE_CHECKING:
@@ -252,7 +254,7 @@ def plugins_in_order(run: RunConfig, reg: Registry) -> list[tuple[Plugin, Any]]:
 
 
 def _check_model(m: ModelConfig) -> None:
-    """The model's rules that join fields (each field's own rule is checked by olmx.config.rules)."""
+    """The model's rules that join fields (each field's own rule is checked by olmx.rules)."""
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError(
             "model.d_model",
@@ -262,7 +264,7 @@ def _check_model(m: ModelConfig) -> None:
 
 
 def _check_trainer(run: RunConfig) -> None:
-    """The trainer's rules that join fields (each field's own rule is checked by olmx.config.rules)."""
+    """The trainer's rules that join fields (each field's own rule is checked by olmx.rules)."""
     t = run.trainer
     if t.stop_at_step is not None and t.stop_at_step > t.max_steps:
         raise ConfigError("trainer.stop_at_step", f"{t.stop_at_step} must be in [1, trainer.max_steps={t.max_steps}]")

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from olmx.api import World
 from olmx.config.schema import ModelConfig, RunConfig
 from olmx.plan import BatchPlan, ParamCounts
+from olmx.types import World
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def estimate(
 ) -> StepTime:
     """The step time of the plan at ``run.trainer.assumed_mfu``, stretched by ``1 / (1 - idle)``
     where the devices idle that share of a step (a pipeline's bubble)."""
-    from olmx.launch.devices import peak_flops
+    from olmx.hardware import peak_flops
 
     flops = flops_per_token(
         run.model, params=params, seq_len=batch.seq_len, activation_checkpointing=run.trainer.activation_checkpointing

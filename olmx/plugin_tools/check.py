@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from olmx import __version__
-from olmx.api import CONFIG_GROUPS
 from olmx.config.search_path import CONF_GROUP
+from olmx.kinds import CONFIG_GROUPS
 
 from .names import KIND_BY_GROUP, KNOWN_GROUPS
 from .package import Check, Entry, Package, read_package

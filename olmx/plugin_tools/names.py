@@ -11,9 +11,9 @@ import keyword
 import re
 from dataclasses import dataclass
 
-from olmx.api import GROUPS
 from olmx.config.search_path import CONF_GROUP
 from olmx.errors import ConfigError
+from olmx.kinds import GROUPS
 
 #: Every ``olmx.*`` entry-point group olmx reads.
 KNOWN_GROUPS: tuple[str, ...] = (*GROUPS.values(), CONF_GROUP)

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from olmx import PLUGIN_API, __version__
-from olmx.api import CONFIG_GROUPS, GROUPS
 from olmx.config.search_path import CONF_GROUP
 from olmx.errors import ConfigError
+from olmx.kinds import CONFIG_GROUPS, GROUPS
 
 from .names import entry_point_toml, plugin_names
 

@@ -76,7 +76,7 @@ class OlmxSpeedMonitorCallback(SpeedMonitorCallback):
         if self.trainer.device.type == "cuda":
             import torch
 
-            from olmx.launch.devices import peak_flops
+            from olmx.hardware import peak_flops
 
             peak = peak_flops(torch.cuda.get_device_name(self.trainer.device), self.compute_dtype)
             self.device_peak_flops_per_second = int(peak) if peak else None

@@ -45,7 +45,7 @@ from olmo_core.distributed.utils import get_world_size
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.train.train_module.transformer.pipeline_train_module import TransformerPipelineTrainModule
 
-from olmx.api import PIPELINE_TOKEN_IDS
+from olmx.types import PIPELINE_TOKEN_IDS
 
 
 def _output_is_the_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

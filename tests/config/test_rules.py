@@ -1,4 +1,4 @@
-"""Field rules (olmx.config.rules): declared once next to each field, read by the one checker,
+"""Field rules (olmx.rules): declared once next to each field, read by the one checker,
 ``olmx plugins show`` and the saved-plan reader."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Optional
 
 import pytest
 
-from olmx.config.rules import Rule, check, rule_of, setting
 from olmx.errors import ConfigError
+from olmx.rules import Rule, check, rule_of, setting
 
 
 @pytest.mark.parametrize(

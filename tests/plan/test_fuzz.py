@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from olmx.config.rules import rule_of
 from olmx.config.schema import RunConfig
+from olmx.rules import rule_of
 
 SEED = int(os.environ.get("OLMX_FUZZ_SEED", random.randrange(2**32)))
 EXAMPLES = int(os.environ.get("OLMX_FUZZ_EXAMPLES", "100"))

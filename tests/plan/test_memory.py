@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from olmx.errors import ConfigError
-from olmx.launch.devices import gpu_memory_gib
+from olmx.hardware import gpu_memory_gib
 from olmx.plan import memory
 from olmx.plan.resolve import plan_from_overrides
 from olmx.registry import registry

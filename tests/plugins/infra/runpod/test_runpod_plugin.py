@@ -88,7 +88,7 @@ def test_world_from_the_settings() -> None:
     ],
 )
 def test_bad_settings_name_their_key(cfg: RunPodConfig, key: str, match: str) -> None:
-    from olmx.config.rules import check
+    from olmx.rules import check
 
     with pytest.raises(ConfigError, match=match) as info:
         check(cfg, "infra")  # each field's rule, as the plan checks it before world()

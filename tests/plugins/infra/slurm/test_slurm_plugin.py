@@ -38,8 +38,8 @@ def test_world_from_the_settings() -> None:
 
 
 def checked_world(cfg: SlurmConfig):
-    """What the plan does with the settings: each field's rule (olmx.config.rules), then world()."""
-    from olmx.config.rules import check
+    """What the plan does with the settings: each field's rule (olmx.rules), then world()."""
+    from olmx.rules import check
 
     check(cfg, "infra")
     return SLURM.world(cfg)
