@@ -72,13 +72,22 @@ def train(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the resolved config and plan; write and start nothing."
     ),
+    config_dir: Optional[list[Path]] = typer.Option(
+        None,
+        "--config-dir",
+        metavar="DIR",
+        help="A directory of your own config groups, laid out as olmx's conf/ (experiment/NAME.yaml, "
+        "model/NAME.yaml, ...): its options join the groups (experiment=NAME). Repeatable; "
+        "OLMX_CONFIG_PATH=DIR1:DIR2 adds directories to every run.",
+    ),
 ) -> None:
     """Compose the config, resolve the plan, and train (or print it with --dry-run)."""
+    from olmx.config.search_path import config_dir_overrides
     from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
     reg = registry()
-    plan = plan_from_overrides(list(overrides or []), reg)
+    plan = plan_from_overrides(config_dir_overrides([str(d) for d in config_dir or []], list(overrides or [])), reg)
     run = plan.run
     infra = reg.get("infra", run.infra_name)
     if dry_run:
