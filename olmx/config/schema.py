@@ -170,6 +170,18 @@ class TokenizerConfig:
 
 
 @dataclass(frozen=True)
+class InstanceFilter:
+    """``data.instance_filter``: OLMo-core's repetition filter of training sequences."""
+
+    #: The longest repeated n-gram looked for, in tokens.
+    max_period: int = setting(13, ge=1)
+    #: The shortest repeated n-gram looked for, in tokens (at most ``max_period``).
+    min_period: int = setting(1, ge=1)
+    #: Repeats in a row that mask the sequence out of the loss.
+    max_count: int = setting(32, ge=2)
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     """One named source of a data mixture (``data.sources.NAME``): its files and its weight."""
 
@@ -215,14 +227,32 @@ class DataConfig:
     cache_dir: Optional[str] = None
     #: Data-loader worker processes per rank.
     num_workers: int = setting(0, ge=0)
+    #: Seed of the data order (OLMo-core's data loader shuffles the sequences with it; a
+    #: mixture's sampling too); null: ``trainer.seed``. OLMo-core's OLMo 3 scripts use 34521.
+    seed: Optional[int] = setting(None, ge=0, integer=True)
+    #: OLMo-core's repetition filter (``InstanceFilterConfig``): a training sequence in which
+    #: some n-gram of ``min_period``-``max_period`` tokens repeats ``max_count`` times in a row
+    #: is masked out of the loss (``train/masked instances (%)`` in the metrics). null: off. The
+    #: OLMo 3 32B script sets ``{max_period: 13, min_period: 1, max_count: 32}``.
+    instance_filter: Optional[InstanceFilter] = None
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
     """Optimisation, duration, checkpoints and logging."""
 
-    #: Optimizer steps to train for.
+    #: Optimizer steps to train for (the learning-rate schedule runs to this step). With
+    #: ``max_tokens`` or ``epochs`` set, the plan derives it from them instead (and says so).
     max_steps: int = setting(200, ge=1)
+    #: Train for this many tokens instead of ``max_steps``: the plan sets ``max_steps`` to
+    #: ``ceil(max_tokens / tokens per step)``, as OLMo-core's ``Duration.tokens`` does (the
+    #: OLMo 3 7B script: 5e12). At most one of ``max_tokens`` and ``epochs``.
+    max_tokens: Optional[int] = setting(None, ge=1, integer=True)
+    #: Train for this many passes over the training data instead of ``max_steps``: the plan
+    #: counts the training sequences in ``data.paths`` (which must then be on this machine) and
+    #: sets ``max_steps`` to ``epochs x sequences // global_batch_size``, as OLMo-core's
+    #: ``Duration.epochs`` does (the OLMo 3 32B script: 1).
+    epochs: Optional[int] = setting(None, ge=1, integer=True)
     #: Stop after this step (a checkpoint is written there) without changing the schedule,
     #: which still runs to ``max_steps``: splits a run into pieces that resume where they stop.
     stop_at_step: Optional[int] = setting(None, ge=1, integer=True)
@@ -384,6 +414,11 @@ class RunConfig:
     trackers: dict[str, Any] = field(default_factory=dict)
     #: Free-form values for your own callbacks and notes (``+extra.key=1``).
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of the data order: ``data.seed``, else ``trainer.seed``."""
+        return self.trainer.seed if self.data.seed is None else self.data.seed
 
     @property
     def infra_name(self) -> str:

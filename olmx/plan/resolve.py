@@ -21,6 +21,7 @@ from olmx.errors import ConfigError
 from olmx.kinds import CONFIG_GROUPS, KIND_ORDER
 from olmx.plan import BatchPlan, ParamCounts, Plan
 from olmx.plan.downstream import plan_downstream
+from olmx.plan.duration import resolve_duration
 from olmx.plan.execution import kernel_warnings, resolve_execution
 from olmx.plan.hf import check_init_from
 from olmx.plan.linears import dense_linears
@@ -76,7 +77,8 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     _check_trainer(run)
     check_data_settings(run)  # before the held-out split divides by data.seq_len
     run, eval_off = default_holdout(run, files_here=files_here)
-    data_rows = check_data(run, files_here=files_here)
+    run, duration_rows = resolve_duration(run, files_here=files_here)  # max_steps, before the data's checks use it
+    data_rows = check_data(run, files_here=files_here) + duration_rows
 
     from olmx.plan import auto, memory, throughput
 
@@ -266,7 +268,7 @@ def _check_model(m: ModelConfig) -> None:
 def _check_trainer(run: RunConfig) -> None:
     """The trainer's rules that join fields (each field's own rule is checked by olmx.rules)."""
     t = run.trainer
-    if t.stop_at_step is not None and t.stop_at_step > t.max_steps:
+    if t.stop_at_step is not None and t.max_tokens is None and t.epochs is None and t.stop_at_step > t.max_steps:
         raise ConfigError("trainer.stop_at_step", f"{t.stop_at_step} must be in [1, trainer.max_steps={t.max_steps}]")
 
 

@@ -29,7 +29,7 @@ from olmo_core.data.source_mixture import SourceMixtureDatasetConfig
 from olmo_core.eval.lm_evaluator import LMEvaluator
 from olmo_core.train.callbacks import EvaluatorCallback
 
-from olmx.config.schema import DataSource
+from olmx.config.schema import DataSource, InstanceFilter
 from olmx.data.splits import (
     SourceSplit,
     eval_batch,
@@ -151,6 +151,17 @@ class ArrayHeadsDataset(NumpyFSLDatasetMixture):
         len(self)
 
 
+def instance_filter_config(f: InstanceFilter | None) -> Any:
+    """OLMo-core's ``InstanceFilterConfig`` for ``data.instance_filter`` (None: off)."""
+    from olmo_core.data import InstanceFilterConfig
+
+    if f is None:
+        return None
+    return InstanceFilterConfig(
+        repetition_max_period=f.max_period, repetition_min_period=f.min_period, repetition_max_count=f.max_count
+    )
+
+
 def build_train_dataset(plan: Plan, splits: list[SourceSplit], work_dir: Path) -> Any:
     """The training dataset: the arrays' tokens before their held-out sequences, all of them;
     of a mixture, what OLMo-core's source mixture samples for ``trainer.max_steps`` optimizer
@@ -183,7 +194,7 @@ def build_train_dataset(plan: Plan, splits: list[SourceSplit], work_dir: Path) -
             source_list=SourceMixtureList(sources=sources),
             requested_tokens=requested,
             global_batch_size=plan.batch.global_tokens,
-            seed=run.trainer.seed,
+            seed=run.data_seed,
             render_tables=False,
             quiet=True,
             available={p: n for s in splits for p, n in zip(s.paths, s.train_tokens, strict=True)},
@@ -193,13 +204,14 @@ def build_train_dataset(plan: Plan, splits: list[SourceSplit], work_dir: Path) -
     dataset = ArrayHeadsDataset(
         *paths,
         path_offset_index=index,
-        seed=run.trainer.seed,
+        seed=run.data_seed,
         sequence_length=seq,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         vocab_size=tokenizer.vocab_size,
         dtype=dtype,
         bos_token_id=tokenizer.bos_token_id,
+        instance_filter_config=instance_filter_config(run.data.instance_filter),
     )
     dataset.work_dir = work_dir
     return dataset
@@ -312,7 +324,7 @@ def build_evaluator(
         global_batch_size=batch_seqs * plan.batch.seq_len,
         collator=collator,
         work_dir=work_dir,
-        seed=run.trainer.seed,
+        seed=run.data_seed,
         dp_world_size=get_world_size(dp_process_group),
         dp_rank=get_rank(dp_process_group),
         fs_local_rank=get_fs_local_rank(),

@@ -169,7 +169,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     dataset = build_train_dataset(plan, splits, rd.work / "dataset")
     data_loader = NumpyDataLoaderConfig(
         global_batch_size=plan.batch.global_tokens,
-        seed=t.seed,
+        seed=run.data_seed,
         num_workers=run.data.num_workers,
         work_dir=str(rd.work / "loader"),
     ).build(dataset, dp_process_group=train_module.dp_process_group)
