@@ -11,13 +11,59 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
 from olmx import __version__
+from olmx.console import make_console
 from olmx.errors import OlmxError
+
+
+def tidy_help(command: Any) -> Any:
+    """Make a click command's help texts (its own, its parameters', its subcommands')
+    render as written: each paragraph of a docstring is one reflowed paragraph (its hard line
+    breaks are the source's, not the reader's), and square brackets are text, not rich markup
+    (``parallel=[fsdp]``, ``pip install 'olmx[eval]'``). Idempotent; returns ``command``."""
+    import inspect
+
+    if getattr(command, "_olmx_tidy", False):
+        return command
+    command._olmx_tidy = True
+    if command.help:
+        command.help = _tidy(command.help, paragraphs=True)
+    if command.short_help:
+        command.short_help = _tidy(command.short_help)
+    for param in command.params:
+        if getattr(param, "help", None):
+            param.help = _tidy(inspect.cleandoc(param.help))
+    for sub in getattr(command, "commands", {}).values():
+        tidy_help(sub)
+    return command
+
+
+def _tidy(text: str, *, paragraphs: bool = False) -> str:
+    import inspect
+
+    from typer.core import HAS_RICH
+
+    if paragraphs:
+        text = "\n\n".join(" ".join(p.split("\n")) for p in inspect.cleandoc(text).split("\n\n"))
+    if HAS_RICH:  # typer renders help as rich markup; without rich (TYPER_USE_RICH=0) click prints it as is
+        from rich.markup import escape
+
+        text = escape(text)
+    return text
+
+
+class OlmxGroup(typer.core.TyperGroup):
+    """The root command: its commands' help texts tidied (:func:`tidy_help`) once built."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        tidy_help(self)
+
 
 app = typer.Typer(
     name="olmx",
+    cls=OlmxGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -36,8 +82,8 @@ data_app = typer.Typer(
 )
 app.add_typer(data_app, name="data")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = make_console()
+err = make_console(stderr=True)
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -333,7 +379,8 @@ def runs(
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"olmx runs in {escape(str(root))}", title_justify="left")
+    out.print(f"olmx runs in {root}", style="bold", markup=False)  # a table's title would wrap a long path
+    table = Table()
     for col in ("run", "state", "step", "loss", "ckpt", "tokens"):
         table.add_column(col, justify="right" if col in ("step", "loss", "ckpt", "tokens") else "left")
     colors = {"running": "cyan", "finished": "green", "stopped": "yellow", "failed": "red"}
@@ -596,7 +643,7 @@ class ProvisionGroup(typer.core.TyperGroup):
             group = registry().get("infra", name).commands()
             if group is None:
                 return None
-            return _guard_all(typer.main.get_group(group))
+            return tidy_help(_guard_all(typer.main.get_group(group)))
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the CLI down
             message = (
                 str(exc)
@@ -608,7 +655,7 @@ class ProvisionGroup(typer.core.TyperGroup):
             err.print(f"error: {message}", markup=False)
             raise typer.Exit(2)
 
-        return typer.core.TyperCommand(name=name, help=f"(unavailable: {message})", callback=unavailable)
+        return tidy_help(typer.core.TyperCommand(name=name, help=f"(unavailable: {message})", callback=unavailable))
 
 
 def _guard_all(command: Any) -> Any:

@@ -371,8 +371,9 @@ def write_report(
     """Print the summary table and write the plots and ``summary.txt`` of ``run_dir``,
     overlaying the runs in ``compare``, into :func:`report_dir` (``RUN_DIR/report/``, or
     ``RUN_DIR/report/compare/`` for a comparison, or ``out_dir``); returns that folder."""
-    from rich.console import Console
     from rich.table import Table
+
+    from olmx.console import make_console
 
     runs = [load_run(run_dir)] + [load_run(p) for p in compare or []]
     if len({r.label for r in runs}) < len(runs):
@@ -384,16 +385,20 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = plot(runs, out_dir)
 
-    table = Table(title=f"olmx report: {runs[0].path}", show_header=len(runs) > 1, title_justify="left")
+    # the title is a line of its own: a table's title wraps at the table's width (a long path)
+    title = f"olmx report: {runs[0].path}"
+    table = Table(show_header=len(runs) > 1)
     table.add_column("", style="bold")
     for r in runs:
         table.add_column(r.label)
     for key in runs[0].rows:
         table.add_row(key, *(r.rows[key] for r in runs))
-    text = Console(record=True, width=160, file=io.StringIO())
+    text = make_console(record=True, file=io.StringIO())  # a file: nothing wrapped or cut
+    text.print(title, markup=False)
     text.print(table)
     (out_dir / "summary.txt").write_text(text.export_text())
-    console = console or Console()
+    console = console or make_console()
+    console.print(title, style="bold", markup=False)
     console.print(table)
     console.print(f"plots: {', '.join(str(p) for p in plots)}", markup=False)
     return out_dir

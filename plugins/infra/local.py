@@ -128,8 +128,7 @@ class LocalInfra(InfraPlugin):
         import time
         import uuid
 
-        from rich.console import Console
-
+        from olmx.console import make_console
         from olmx.events import LAUNCH_ENV
         from olmx.launch import parent_death_preexec
         from olmx.launch.failures import FailureRecorder
@@ -141,7 +140,7 @@ class LocalInfra(InfraPlugin):
         offset = log_path.stat().st_size if log_path.exists() else 0
         launch_id, started = uuid.uuid4().hex[:12], time.time()
         env = {**torchrun_env(cfg), **os.environ, LAUNCH_ENV: launch_id}
-        console = Console(stderr=True)
+        console = make_console(stderr=True)
         interrupted = False
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(

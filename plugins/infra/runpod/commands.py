@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
+from olmx.console import make_console
 from olmx.errors import ConfigError
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = make_console()
+err = make_console(stderr=True)
 
 
 class _UpByDefault(typer.core.TyperGroup):

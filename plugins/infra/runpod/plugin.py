@@ -310,12 +310,11 @@ class RunPodInfra(InfraPlugin):
 
     def launch(self, cfg: RunPodConfig, plan: Any) -> int:
         """Provision (or reuse), ship, start, follow, copy back, stop."""
-        from rich.console import Console
-
+        from olmx.console import make_console
         from olmx_plugins.infra.runpod import remote as rm
         from olmx_plugins.infra.runpod.provision import RunPodClient
 
-        console = Console(stderr=True, highlight=False, soft_wrap=True)
+        console = make_console(stderr=True)
         shipped_data(plan, cfg)  # refused before any pod exists
         client = RunPodClient.from_env()
         nodes, cluster_id, created = self._acquire(client, cfg, plan, console)
@@ -535,8 +534,7 @@ class RunPodInfra(InfraPlugin):
 
     def job_cancel(self, cfg: RunPodConfig, plan: Any) -> None:
         """Stop the training, copy the run back, stop the pods (unless ``infra.keep``)."""
-        from rich.console import Console
-
+        from olmx.console import make_console
         from olmx_plugins.infra.runpod import remote as rm
         from olmx_plugins.infra.runpod.provision import ReadyPod, RunPodClient
         from olmx_plugins.infra.runpod.rest import SshEndpoint
@@ -555,7 +553,7 @@ class RunPodInfra(InfraPlugin):
             nodes,
             remotes,
             record.get("cluster_id"),
-            Console(stderr=True, highlight=False, soft_wrap=True),
+            make_console(stderr=True),
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -592,9 +590,9 @@ class RunPodInfra(InfraPlugin):
                 pod.update(host=now.host, port=now.port, user=now.username)
         if changed:
             RunDir(plan.run_dir).write_launch(record)
-            from rich.console import Console
+            from olmx.console import make_console
 
-            Console(stderr=True, highlight=False, soft_wrap=True).print(
+            make_console(stderr=True).print(
                 f"note: RunPod moved the SSH endpoint ({'; '.join(changed)}); launch.json updated"
             )
         known_hosts = record.get("known_hosts") or self._known_hosts(plan, str(record.get("launch_id", "unknown")))

@@ -208,8 +208,7 @@ class SlurmInfra(InfraPlugin):
 
     def launch(self, cfg: SlurmConfig, plan: Any) -> int:
         """Submit the job and follow it (or return at once with ``infra.detach``)."""
-        from rich.console import Console
-
+        from olmx.console import make_console
         from olmx_plugins.infra.slurm import jobs
 
         script = self.script(cfg, plan)
@@ -224,7 +223,7 @@ class SlurmInfra(InfraPlugin):
                 "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             }
         )
-        out = Console(highlight=False, soft_wrap=True)
+        out = make_console()
         out.print(f"Submitted Slurm job [bold]{job_id}[/]; its log: {log}")
         if cfg.detach:
             out.print(
@@ -232,7 +231,7 @@ class SlurmInfra(InfraPlugin):
                 f"olmx jobs logs {plan.run_dir}  |  olmx jobs cancel {plan.run_dir}"
             )
             return 0
-        return self._follow(plan, job_id, cfg, Console(stderr=True, highlight=False, soft_wrap=True))
+        return self._follow(plan, job_id, cfg, make_console(stderr=True))
 
     def _follow(self, plan: Any, job_id: str, cfg: SlurmConfig, console: Any) -> int:
         from olmx.launch.monitor import follow
