@@ -175,8 +175,8 @@ def test_skeletons_pass_their_own_tests_once_installed(skeletons):
         passed = [
             line for line in proc.stdout.splitlines() if f"test_olmx_my_{kind}.py::" in line and " PASSED" in line
         ]
-        assert len(passed) == (5 if kind == "infra" else 4), proc.stdout
-    assert "21 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout
+        assert len(passed) == (6 if kind == "infra" else 4), proc.stdout
+    assert "22 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("kind", KINDS)
