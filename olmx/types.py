@@ -75,7 +75,14 @@ PIPELINE_TOKEN_IDS = "pipeline_token_ids"
 
 @dataclass(frozen=True)
 class World:
-    """The processes a run will have, as the infra plugin resolves them."""
+    """The processes a run will have, as the infra plugin's ``world(cfg)`` returns them (no
+    torch, nothing started). Only ``nnodes`` and ``nproc_per_node`` are required; the plan
+    chooses by the rest: ``device`` (the attention kernel, precision ``auto``, which checks
+    apply), ``device_name`` and ``compute_capability`` (hardware checks such as FP8's, the peak
+    FLOP/s of the throughput estimate, :mod:`olmx.hardware`), ``device_memory_gib`` (the memory
+    estimate's limit) and ``warnings`` (printed with the plan). A target that plans for machines
+    it cannot see (a cluster, a cloud GPU) fills them from its settings (``olmx.hardware``'s
+    tables by GPU name); ``olmx.launch.devices.local_devices()`` describes this machine."""
 
     #: Number of machines.
     nnodes: int

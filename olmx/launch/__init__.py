@@ -115,9 +115,30 @@ def torchrun_command(
     rdzv_id: str = "olmx",
     python: str | None = None,
 ) -> list[str]:
-    """torchrun (with :func:`torchrun_flags`) over :func:`worker_command`, to run with
-    :func:`torchrun_env`; ``rdzv_endpoint=None`` on one node means a standalone rendezvous on
-    a free local port."""
+    """The torchrun command that starts one node's processes of ``plan``, each running
+    ``python -m olmx run RUN_DIR/plan.yaml``; run it with :func:`torchrun_env` ``(cfg)`` in its
+    environment.
+
+    Arguments:
+
+    * ``plan``: the finished plan (its ``run_dir`` holds torchrun's per-rank logs, its
+      ``plan_path`` is what every process reads).
+    * ``cfg``: the target's :class:`TorchrunConfig` (restarts; the stop grace period is in
+      :func:`torchrun_env`), usually the infra plugin's own config, which extends it.
+    * ``nnodes``: machines in the run (``plan.world.nnodes``); ``nproc_per_node``: processes on
+      each (``plan.world.nproc_per_node``, one per GPU).
+    * ``node_rank``: this machine's rank, 0 to ``nnodes - 1``; None lets the c10d rendezvous
+      assign ranks (every node then runs the same command). Ignored without ``rdzv_endpoint``.
+    * ``rdzv_endpoint``: ``host:port`` of the c10d rendezvous, on the first node, that every node
+      reaches; None (one node only) means torchrun's ``--standalone`` rendezvous on a free local
+      port.
+    * ``rdzv_id``: the rendezvous id, the same on every node of one run and different between
+      runs that share an endpoint.
+    * ``python``: the interpreter on the target (default: this one, ``sys.executable``); give
+      the path where olmx is installed on the remote machines.
+
+    The ``local`` target runs it on this machine, with ``node_rank`` and ``rdzv_endpoint`` for a
+    run started by hand on several machines."""
     py = python or sys.executable
     cmd = [
         py,
