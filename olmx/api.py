@@ -4,8 +4,8 @@ A plugin is one object, an instance of the base class of its kind (:class:`Layer
 :class:`ParallelPlugin`, :class:`PrecisionPlugin`, :class:`InfraPlugin`,
 :class:`TrackerPlugin`), found through an
 entry point in one of the groups of :data:`GROUPS`. It has a ``name`` (the entry-point name,
-the Hydra option name and the config key are the same string), a one-line ``description``,
-the plugin API range ``api`` it supports (a PEP 440 specifier such as ``">=3.0,<4"``,
+the Hydra option name and the config key are the same string), the plugin API range
+``api`` it supports (a PEP 440 specifier such as ``">=3.0,<4"``,
 checked against :data:`olmx.PLUGIN_API`), a dataclass ``Config`` (its config schema, every
 field documented) and overrides of the hooks it needs. The registry checks a plugin against
 its base class when it loads it; the core calls the hooks directly.
@@ -140,14 +140,15 @@ PUBLIC_MODULES: tuple[str, ...] = (
 
 
 class Plugin:
-    """What every plugin has. Subclass the base class of your kind, not this one."""
+    """What every plugin has. Subclass the base class of your kind, not this one.
+
+    Its description, in ``olmx plugins list`` and ``show`` alike, is the first line of the
+    docstring of the module its entry point names (read from the source, without importing it)."""
 
     #: The plugin kind (set by each base class).
     kind: ClassVar[str] = ""
     #: Entry-point name = Hydra option = config key.
     name: str = ""
-    #: One line for ``olmx plugins list``.
-    description: str = ""
     #: Plugin API range this plugin supports (PEP 440 specifier).
     api: str = ""
     #: The config dataclass (every field documented).

@@ -316,7 +316,7 @@ def plugins_show(
     plugin = reg.get(entry.kind, entry.name)
     group = CONFIG_GROUPS[entry.kind]
     prefix = f"{config_section(entry.kind, name)}."
-    out.print(f"[bold]{name}[/] ({entry.kind}, {entry.dist} {entry.version}): {plugin.description}")
+    out.print(f"[bold]{name}[/] ({entry.kind}, {entry.dist} {entry.version}): {entry.description()}")
     out.print(
         f"select with: {group}={name}" if entry.kind in SINGLE_KINDS else f"select with: {group}=[{name}]",
         markup=False,  # "[fsdp]" is not a rich style

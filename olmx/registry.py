@@ -242,7 +242,7 @@ class Registry:
 
 def _check_protocol(entry: PluginEntry, obj: Any) -> tuple[str, str] | None:
     """Why ``obj`` is not a usable plugin of its entry's kind (None: it is)."""
-    for attr in ("name", "description", "api", "Config"):
+    for attr in ("name", "api", "Config"):
         if not hasattr(obj, attr):
             return "broken", f"missing attribute '{attr}' of the {entry.kind} plugin contract"
     if not isinstance(obj.api, str) or not _api_compatible(obj.api):

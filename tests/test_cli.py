@@ -94,3 +94,13 @@ def test_broken_plugin_never_breaks_the_cli(plugin_site):
     crash = next(r for r in rows if r["name"] == "crash")
     assert crash["status"] == "broken" and "plugin calls exit at import" in crash["reason"]
     assert olmx_cli("train", "--dry-run").returncode == 0
+
+
+def test_plugins_list_and_show_print_one_description():
+    """Both print the first line of the entry point module's docstring (bf16's class docstring,
+    which show printed before, says something else)."""
+    rows = {r["name"]: r for r in json.loads(olmx_cli("plugins", "list", "--json").stdout)}
+    assert rows["bf16"]["description"] == "bfloat16 compute with float32 master weights and float32 gradient reduction."
+    for name in ("bf16", "fsdp", "runpod"):
+        first = olmx_cli("plugins", "show", name).stdout.splitlines()[0]
+        assert first.endswith(f"): {rows[name]['description']}"), first

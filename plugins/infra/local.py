@@ -62,7 +62,6 @@ class LocalInfra(InfraPlugin):
     """Runs torchrun on this machine and follows the run from the terminal."""
 
     name = "local"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = LocalConfig
 

@@ -25,10 +25,9 @@ class DataParallelStrategy(ParallelPlugin):
     data_parallel = True
     provides = ("replicate",)
 
-    def __init__(self, *, name: str, description: str, config: type, summary: str, dp_type: str | None = None) -> None:
+    def __init__(self, *, name: str, config: type, summary: str, dp_type: str | None = None) -> None:
         self.name = name
         self._dp_type = dp_type or name
-        self.description = description
         self.Config = config
         self._summary = summary
 

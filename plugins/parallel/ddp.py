@@ -69,7 +69,6 @@ class DistributedDataParallel(ReplicatedStrategy):
 
 DDP = DistributedDataParallel(
     name="ddp",
-    description=__doc__.splitlines()[0],
     config=DDPConfig,
     summary="full replicas, gradients all-reduced",
 )

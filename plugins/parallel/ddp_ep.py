@@ -76,7 +76,6 @@ class DDPExpertParallel(ReplicatedStrategy):
 
 DDP_EP = DDPExpertParallel(
     name="ddp_ep",
-    description=__doc__.splitlines()[0],
     config=DDPEPConfig,
     summary="dense parameters replicated (DDP), experts sharded",
     dp_type="ddp",

@@ -6,7 +6,6 @@ from olmx_plugins.parallel.data_parallel import FSDPConfig, FullyShardedStrategy
 
 FSDP = FullyShardedStrategy(
     name="fsdp",
-    description=__doc__.splitlines()[0],
     config=FSDPConfig,
     summary="parameters, gradients and optimizer state sharded",
 )

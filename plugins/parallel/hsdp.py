@@ -76,7 +76,6 @@ class HybridShardedStrategy(FullyShardedStrategy):
 
 HSDP = HybridShardedStrategy(
     name="hsdp",
-    description=__doc__.splitlines()[0],
     config=HSDPConfig,
     summary="parameters sharded within dp_shard groups, replicated across dp_replicate",
 )

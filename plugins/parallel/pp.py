@@ -93,7 +93,6 @@ class PipelineParallel(ParallelPlugin):
     """OLMo-core pipeline parallelism over torch's schedules."""
 
     name = "pp"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = PipelineParallelConfig
     provides = ("pipeline",)

@@ -42,7 +42,6 @@ class TensorParallel(ParallelPlugin):
     """OLMo-core tensor parallelism with sequence-parallel norms."""
 
     name = "tp"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = TensorParallelConfig
     provides = ("tensor",)

@@ -77,7 +77,6 @@ class UlyssesStrategy(ParallelPlugin):
     """OLMo-core context parallelism in its Ulysses style, with olmx's attention wrapper."""
 
     name = "ulysses"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = UlyssesConfig
     provides = ("sequence",)

@@ -25,7 +25,6 @@ class AutoPrecision(PrecisionPlugin):
     """bfloat16 compute on CUDA, float32 on CPUs."""
 
     name = "auto"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = AutoPrecisionConfig
 

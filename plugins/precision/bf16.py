@@ -43,7 +43,6 @@ class BF16Precision(PrecisionPlugin):
     """bfloat16 compute over float32 master weights; the core picks the mechanism."""
 
     name = "bf16"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = BF16Config
 

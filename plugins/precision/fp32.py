@@ -17,7 +17,6 @@ class FP32Precision(PrecisionPlugin):
     """Leaves OLMo-core's float32 defaults in place (the default :class:`olmx.api.Dtypes`)."""
 
     name = "fp32"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = FP32Config
 

@@ -69,7 +69,6 @@ class FP8Precision(LowPrecisionPlugin):
     """torchao float8 linear layers (tensorwise / rowwise) through OLMo-core's Float8Config."""
 
     name = "fp8"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = FP8Config
 

@@ -56,7 +56,6 @@ class MXFP8Precision(LowPrecisionPlugin):
     """MXFP8 linear layers through OLMo-core's Float8Config (SM100+) or torchao's emulation."""
 
     name = "mxfp8"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = MXFP8Config
 

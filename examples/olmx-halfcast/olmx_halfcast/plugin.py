@@ -36,7 +36,6 @@ class HalfcastPrecision(PrecisionPlugin):
     """bfloat16 compute; bfloat16 reduction where the mesh shards parameters."""
 
     name = "halfcast"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = HalfcastConfig
 

@@ -58,7 +58,6 @@ class LayerScaleLayer(LayerPlugin):
     """The ``layerscale`` layer plugin."""
 
     name = "layerscale"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = LayerScaleConfig
 

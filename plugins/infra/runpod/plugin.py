@@ -53,7 +53,6 @@ class RunPodInfra(InfraPlugin):
     """RunPod: GPU pods (an instant cluster for several nodes) made through RunPod's REST API, trained on over SSH."""
 
     name = "runpod"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = RunPodConfig
 

@@ -159,7 +159,6 @@ class SlurmInfra(InfraPlugin):
     """A Slurm cluster: one sbatch job per run (torchrun on every node), followed from the terminal."""
 
     name = "slurm"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = SlurmConfig
 

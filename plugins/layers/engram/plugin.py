@@ -55,7 +55,6 @@ class EngramLayer(LayerPlugin):
     """Adds Engram blocks through OLMo-core named blocks; hashes once per batch."""
 
     name = "engram"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = EngramLayerConfig
     Decisions = EngramDecisions

@@ -150,7 +150,6 @@ class MoELayer(LayerPlugin):
     named blocks / block overrides; owns expert parallelism."""
 
     name = "moe"
-    description = __doc__.splitlines()[0]
     api = ">=3.0,<4"
     Config = MoEConfig
     Decisions = MoEDecisions

@@ -57,7 +57,6 @@ class MLflow(TrackerPlugin):
     """Every metric, the resolved config and the plan as an MLflow run, offline unless asked."""
 
     name = "mlflow"
-    description = __doc__.splitlines()[0] if __doc__ else ""
     api = ">=3.0,<4"
     Config = MLflowConfig
 

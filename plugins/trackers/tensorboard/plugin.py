@@ -42,7 +42,6 @@ class TensorBoard(TrackerPlugin):
     """Every metric, the resolved config and the plan as TensorBoard event files; nothing is sent."""
 
     name = "tensorboard"
-    description = __doc__.splitlines()[0] if __doc__ else ""
     api = ">=3.0,<4"
     Config = TensorBoardConfig
 

@@ -74,7 +74,6 @@ class WandB(TrackerPlugin):
     """Every metric, the resolved config and the plan as a W&B run, offline unless asked."""
 
     name = "wandb"
-    description = __doc__.splitlines()[0] if __doc__ else ""
     api = ">=3.0,<4"
     Config = WandBConfig
 
