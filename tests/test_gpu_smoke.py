@@ -2,12 +2,18 @@
 
 - Without a GPU (and not rehearsing) smoke.sh stops at once with exit status 3 and the reason.
 - ``--plan-only``: every run of the sequence plans for an H200.
+- The install takes the wheels that fit the interpreter, and protobuf only where the
+  interpreter's own is outside the range OLMo-core's import chain needs.
 - The rehearsal (marked ``rehearsal``; needs PyPI, ~2-3 minutes): an interpreter set up like the
-  GPU image (a fresh venv that sees torch and the image's other packages and nothing of olmx's:
-  :func:`image_like_python`), ``wheels.sh`` for its Python version, and ``REHEARSE=1 smoke.sh``
-  with a small budget: every step reports a line, the budget holds, the install and olmx steps
-  pass and no step fails (a slow machine may time steps out or skip them for the budget), and
-  ``$OUT`` obeys the device's limits on what comes back.
+  GPU image (a fresh venv that sees torch and the image's other packages and nothing of olmx's,
+  with an older protobuf than OLMo-core's import chain needs: :func:`image_like_python`; or the
+  interpreter ``OLMX_IMAGE_PYTHON`` names, such as benchmarks/gpu/image_like.sh's Python 3.12
+  with torch 2.11), ``wheels.sh`` for its Python version built by this machine's base
+  interpreter (as from a fresh clone, whatever its setuptools), and ``REHEARSE=1 smoke.sh`` with
+  a small budget: every step reports a line, the budget holds, the install and olmx steps pass,
+  the carried protobuf is the one imported, and no step fails (a slow machine may time steps out
+  or skip them for the budget), and ``$OUT`` obeys the device's limits on what comes back.
+  Without the carried protobuf, the environment probe reports ``olmo_core.train`` failing.
 
 A rehearsal interpreter for a manual run: ``.venv/bin/python -m tests.test_gpu_smoke DIR``
 prints its path.
@@ -20,6 +26,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +45,10 @@ IMAGE_PACKAGES = (
     "torch numpy pyyaml rich typer jinja2 matplotlib requests safetensors transformers tokenizers "
     "tensorboard pytest setuptools pip"
 ).split()
+#: The rehearsal interpreter's protobuf: older than googleapis-common-protos 1.76 needs (>=6.33.5),
+#: as the image's may be (its version is not known), so that the rehearsal shows the carried
+#: one installed and imported.
+IMAGE_PROTOBUF = "5.29.5"
 #: The rehearsal's budget (seconds from smoke.sh's start).
 REHEARSAL_BUDGET = 150
 #: The device's limits on what comes back from ``$OUT``.
@@ -77,7 +88,10 @@ def image_like_python(root: Path) -> Path:
     torchao). The packages are this environment's, linked into one folder that the venv's
     site-packages names in a ``.pth`` file, file by file where a top-level folder is shared with
     packages the image lacks (``google/``): installing them with pip takes 2.5 minutes here,
-    linking them under a second, and the interpreter sees the same files either way."""
+    linking them under a second, and the interpreter sees the same files either way. Not
+    protobuf: :data:`IMAGE_PROTOBUF` from PyPI (0.4 MiB) instead. This environment's Python and
+    torch (CI's 3.11 and 2.13), not the image's 3.12 and 2.11, whose CUDA wheels are gigabytes:
+    benchmarks/gpu/image_like.sh makes that one (``OLMX_IMAGE_PYTHON``)."""
     python = root / "venv" / "bin" / "python"
     if python.exists():
         return python
@@ -85,7 +99,13 @@ def image_like_python(root: Path) -> Path:
     subprocess.run([base, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=120)
     view = root / "site"
     view.mkdir()
-    wanted = _closure(IMAGE_PACKAGES)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--only-binary=:all:", "--target", str(view)]
+        + [f"protobuf=={IMAGE_PROTOBUF}"],
+        check=True,
+        timeout=300,
+    )
+    wanted = [d for d in _closure(IMAGE_PACKAGES) if _norm(d.metadata["Name"]) != "protobuf"]
     owners: dict[str, set[str]] = {}  # top-level entry -> the distributions that have files in it
     for dist in md.distributions():
         name = _norm(dist.metadata["Name"])
@@ -110,8 +130,8 @@ def image_like_python(root: Path) -> Path:
     (site / "image_packages.pth").write_text(f"{view}\n")
     check = (
         "import importlib.util as u, torch, numpy, yaml, rich, jinja2, matplotlib, requests, safetensors, "
-        "transformers; missing = [m for m in ('olmx', 'olmo_core', 'hydra', 'omegaconf', 'torchao') "
-        "if u.find_spec(m)]; assert not missing, missing"
+        "transformers, google.protobuf as p; missing = [m for m in ('olmx', 'olmo_core', 'hydra', 'omegaconf', "
+        f"'torchao') if u.find_spec(m)]; assert not missing, missing; assert p.__version__ == {IMAGE_PROTOBUF!r}"
     )
     subprocess.run([str(python), "-c", check], check=True, timeout=300, cwd=root)
     return python
@@ -275,8 +295,49 @@ def test_every_smoke_run_plans_for_an_h200(tmp_path):
 
 @pytest.fixture(scope="session")
 def image_python(tmp_path_factory) -> Path:
-    """One image-like interpreter per session (:func:`image_like_python`)."""
+    """One image-like interpreter per session: ``OLMX_IMAGE_PYTHON`` where set (made by
+    benchmarks/gpu/image_like.sh), else :func:`image_like_python`."""
+    given = os.environ.get("OLMX_IMAGE_PYTHON")
+    if given:
+        return Path(given)
     return image_like_python(tmp_path_factory.mktemp("image-python"))
+
+
+def _build_python() -> str:
+    """What builds the wheels: this machine's base interpreter (as ``python3`` on a fresh clone
+    without a venv: pyenv's 3.11 here, with setuptools 65, older than olmx's build needs), or
+    this venv's where the base has no pip."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    has_pip = subprocess.run([base, "-m", "pip", "--version"], capture_output=True, timeout=60, check=False)
+    return base if has_pip.returncode == 0 else sys.executable
+
+
+def test_the_install_takes_what_fits_the_interpreter_and_protobuf_where_needed(tmp_path):
+    """Wheels of wheels.sh's kinds against CPython 3.11's tags: a 3.12 binary is left out, abi3
+    and pure wheels go in; the carried protobuf goes in where the interpreter lacks one or has
+    one older than 6.33.5 (or 8 and later), not where its own fits."""
+    from packaging import tags
+
+    platforms = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"]
+    cp311 = [*tags.cpython_tags((3, 11), platforms=platforms), *tags.compatible_tags((3, 11), platforms=platforms)]
+    supported = {str(t) for t in cp311}
+    smoke = _smoke_module()
+    names = [
+        "olmx-0.1.0-py3-none-any.whl",
+        "shellingham-1.5.4-py2.py3-none-any.whl",
+        "cffi-2.1.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "cryptography-50.0.2-cp311-abi3-manylinux_2_28_x86_64.whl",
+        "protobuf-7.36.2-cp310-abi3-manylinux2014_x86_64.whl",
+    ]
+    wheels = [tmp_path / n for n in names]
+    assert {smoke.wheel_fits(n, supported) for n in names[:2] + names[3:]} == {True}
+    for have, goes_in in ((None, True), ("5.29.5", True), ("6.33.4", True), ("6.33.5", False), ("8.0.0", True)):
+        chosen, unfit, kept = smoke.select_wheels(wheels, supported, lambda d, v=have: v if d == "protobuf" else "x")
+        assert unfit == [names[2]]
+        assert (wheels[4] in chosen) is goes_in and kept == ({} if goes_in else {"protobuf": have}), have
+        assert wheels[:2] + wheels[3:4] == [w for w in chosen if w != wheels[4]]
+    assert smoke.select_wheels(wheels, None, lambda d: None)[1] == []  # no tags known: all tried
+    assert smoke.version_tuple("2.11.0+cu130") == (2, 11, 0) and smoke.version_tuple("6.33.5rc1") == (6, 33, 5)
 
 
 @pytest.mark.rehearsal
@@ -289,14 +350,17 @@ def test_rehearsal_on_an_image_like_interpreter(image_python, tmp_path):
         text=True,
         timeout=300,
         check=False,
-        env=_clean_env(PYTHON=str(image_python), WHL_DIR=str(wheels), BUILD_PYTHON=sys.executable),
+        env=_clean_env(PYTHON=str(image_python), WHL_DIR=str(wheels), BUILD_PYTHON=_build_python()),
     )
     assert built.returncode == 0, built.stdout + built.stderr
     names = [p.name for p in wheels.glob("*.whl")]
-    for prefix in ("antlr4_python3_runtime-4.9.3-", "olmx-", "ai2_olmo_core-3.0.0-", "torchao-0.15.0-"):
+    for prefix in ("antlr4_python3_runtime-4.9.3-", "olmx-", "ai2_olmo_core-3.0.0-", "torchao-0.15.0-", "protobuf-"):
         assert any(n.startswith(prefix) for n in names), (prefix, names)
-    tag = "cp%d%d" % sys.version_info[:2]
-    assert all("-cp3" not in n or tag in n or "abi3" in n for n in names), names  # this Python's binaries
+    probe = "import sys, torch; print('cp%d%d' % sys.version_info[:2], torch.__version__)"
+    tag, image_torch = subprocess.run(
+        [str(image_python), "-c", probe], capture_output=True, text=True, timeout=300, check=True, env=_clean_env()
+    ).stdout.split()
+    assert all("-cp3" not in n or tag in n or "abi3" in n for n in names), names  # that Python's binaries
 
     start = time.time()
     smoke = subprocess.run(
@@ -324,11 +388,15 @@ def test_rehearsal_on_an_image_like_interpreter(image_python, tmp_path):
     assert set(results) == set(plan["steps"]), report  # every step reported
     assert smoke.returncode in (0, 1), report  # not cut by the backstop
     assert results["install"]["status"] == "pass" and results["install"]["installer"] == "pip", report
+    assert "interpreter_has" not in results["install"], results["install"]  # its protobuf is too old
     assert results["olmx"]["status"] == "pass", report  # olmx and its plugins from the wheels
     statuses = {name: r["status"] for name, r in results.items()}
     assert "fail" not in statuses.values(), (statuses, (out / "failures.txt").read_text())
     assert results["30m bf16 fsdp+compile"]["note"].startswith("needs CUDA")
-    assert results["environment"]["status"] != "pass" or results["environment"]["torch"] == torch.__version__
+    env = results["environment"]
+    if env["status"] == "pass":  # the carried protobuf is the one found, and the import chain holds
+        assert env["torch"] == image_torch and env["protobuf"] == "7.36.2" and env["import_errors"] == {}, env
+        assert {"olmo_core.train", "olmo_core.io"} <= set(env["imports"]), env
     for name in ("30m bf16 ddp", "1b"):
         if statuses[name] == "pass":
             assert results[name]["last_loss"] < results[name]["first_loss"], results[name]
@@ -352,6 +420,25 @@ def test_rehearsal_on_an_image_like_interpreter(image_python, tmp_path):
         check=True,
     )
     assert "moe" in found.stdout and "engram" in found.stdout
+
+    # Without the carried protobuf, `import olmo_core` still works but the probe catches the rest.
+    installed = scratch / "site"
+    for path in [installed / "google" / "protobuf", *installed.glob("protobuf-*.dist-info")]:
+        shutil.rmtree(path)
+    probed = subprocess.run(
+        [str(image_python), "benchmarks/gpu/smoke.py", "--probe-env", "--scratch", str(tmp_path / "probe")],
+        cwd=REPO,
+        env=_clean_env(PYTHONPATH=str(installed), PYTHONSAFEPATH="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    (line,) = [x for x in probed.stdout.splitlines() if x.startswith("SMOKE_ENV ")]
+    env = json.loads(line[len("SMOKE_ENV ") :])
+    assert env["protobuf"] == IMAGE_PROTOBUF and "olmo_core" in env["imports"], env
+    assert {"olmo_core.train", "olmo_core.io"} <= set(env["import_errors"]), env
+    assert "protobuf" in env["import_errors"]["olmo_core.train"].lower(), env
 
 
 if __name__ == "__main__":

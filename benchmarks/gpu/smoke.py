@@ -12,12 +12,17 @@ outer ``timeout``) reports the step in flight and the ones left as ``cut`` befor
    ``.whl/``) into a folder under the scratch folder with ``pip install --no-index --no-deps
    --target`` (unzipped where the interpreter has no pip). Every later step runs this same
    interpreter (the image's own ``python3``: a venv made from a venv sees its base's packages,
-   not the venv's torch) with that folder on ``PYTHONPATH``;
+   not the venv's torch) with that folder on ``PYTHONPATH``. Only wheels that fit the
+   interpreter go in (a wheel built for another Python fails the step, named, with the command
+   that builds the right ones), and protobuf only where the interpreter's own is outside the
+   range OLMo-core's import chain needs (:data:`CARRIED_IF_OLDER`);
 2. ``olmx``: ``python -m olmx plugins list`` (olmx finds its plugins through entry points, so
    this shows the install is whole) and the stdlib corpus tokenized once for the runs;
 3. ``environment``: driver, GPU, compute capability, versions, free disk, and which SDPA kernel
    runs a causal attention (bf16 on CUDA), with ``is_causal`` and with an explicit mask (what
-   a sliding window makes OLMo-core pass), each kernel also forced in turn;
+   a sliding window makes OLMo-core pass), each kernel also forced in turn; and whether what
+   the runs import imports (:data:`REQUIRED_IMPORTS`): where one does not, the step fails with
+   its error and the runs are reported skipped with it (each would fail on the same import);
 4. ``30m <path>``: ``model=olmo3_30m`` through every path at once (concurrent processes on the
    one GPU: pass/fail checks, not speeds): bf16 ddp (eager), bf16 fsdp+compile, fp8 tensorwise
    and rowwise under fsdp, mxfp8 (SM100 only), MoE portable and olmo_core, Engram with 1d
@@ -198,7 +203,7 @@ BOXES: dict[str, dict[str, tuple[float | None, float]]] = {
     "rehearse": {
         "install": (35, 5),
         "olmx": (30, 5),
-        "environment": (25, 5),
+        "environment": (35, 5),
         "30m": (75, 20),
         "1b": (45, 15),
         "1b olmo-core": (40, 15),
@@ -209,6 +214,15 @@ BOXES: dict[str, dict[str, tuple[float | None, float]]] = {
 
 #: Plugins the sequence uses: ``olmx plugins list`` must show them.
 EXPECTED_PLUGINS = {"moe", "engram", "ddp", "fsdp", "bf16", "fp8", "auto", "local"}
+#: Carried wheels installed only where the interpreter lacks the distribution or has it outside
+#: [lowest, first excluded): protobuf, because OLMo-core's import of ``olmo_core.train`` and
+#: ``olmo_core.io`` goes through cached_path -> google-api-core -> googleapis-common-protos 1.76,
+#: whose generated modules need protobuf >=6.33.5,<8 (an image's older one fails that import),
+#: while a fitting one of the image stays what its other packages were installed with.
+CARRIED_IF_OLDER: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {"protobuf": ((6, 33, 5), (8,))}
+#: What the runs import, checked by the environment probe: olmx, and the OLMo-core modules whose
+#: import chain reaches the carried Google packages (``olmo_core`` alone imports without them).
+REQUIRED_IMPORTS = ("olmx", "olmo_core", "olmo_core.train", "olmo_core.io")
 
 
 class Cut(Exception):
@@ -449,8 +463,10 @@ def one_line(text: str, chars: int = 160) -> str:
 def environment_line(r: dict[str, Any]) -> str:
     """The environment in one paragraph."""
     keys = ("gpu", "capability", "driver", "python", "torch", "cuda", "triton", "olmo_core", "torchao")
-    keys += ("transformers", "torchao_cpp_extensions", "free_disk_scratch_gib", "cpus")
+    keys += ("transformers", "protobuf", "torchao_cpp_extensions", "free_disk_scratch_gib", "cpus")
     text = "environment: " + ", ".join(f"{k}={r.get(k)}" for k in keys if k in r)
+    for name, error in (r.get("import_errors") or {}).items():
+        text += f"; `import {name}` fails: {error}"
     sdpa = r.get("sdpa") or {}
     for case in ("causal", "mask"):
         s = sdpa.get(case)
@@ -673,6 +689,7 @@ def probe_environment(scratch: Path) -> dict[str, Any]:
         ("hydra", "hydra-core"),
         ("numpy", "numpy"),
         ("olmx", "olmx"),
+        ("protobuf", "protobuf"),
         ("flash_attn", "flash-attn"),
         ("flash_attn_3", "flash-attn-3"),
     ):
@@ -723,13 +740,14 @@ def probe_environment(scratch: Path) -> dict[str, Any]:
     else:
         env["gpu"] = None
     env["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-    for name in ("olmo_core", "torchao"):
+    env["imports"], env["import_errors"] = {}, {}
+    for name in (*REQUIRED_IMPORTS, "torchao"):  # seconds each, cumulative: olmo_core.train after olmo_core
         start = time.time()
         try:
             __import__(name)
-            env[f"{name}_import_s"] = round(time.time() - start, 2)
+            env["imports"][name] = round(time.time() - start, 2)
         except Exception as exc:  # noqa: BLE001 - what failed is the finding
-            env[f"{name}_import_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            env["import_errors"][name] = f"{type(exc).__name__}: {exc}"[:300]
     if env.get("torchao") and cuda:
         try:  # torchao 0.15 loads its C++ extensions only for the torch it was built against
             env["torchao_cpp_extensions"] = torch._C._dispatch_has_kernel_for_dispatch_key(
@@ -815,6 +833,8 @@ class Ctx:
     deadline: float
     site: Path | None = None
     cc: tuple[int, int] | None = None
+    #: Why no run can work here (a module the runs import does not import), once known.
+    unusable: str | None = None
 
     @property
     def gpu(self) -> bool:
@@ -901,8 +921,75 @@ def unzip_wheels(wheels: list[Path], site: Path) -> None:
         shutil.rmtree(data)
 
 
+def interpreter_tags() -> set[str] | None:
+    """The wheel tags this interpreter installs (``py3-none-any``, ``cp312-abi3-manylinux_2_28_x86_64``
+    ...), from packaging (the image has it; pip carries a copy); None where neither is there."""
+    try:
+        from packaging import tags
+    except ImportError:
+        try:
+            from pip._vendor.packaging import tags  # type: ignore[no-redef]
+        except ImportError:
+            return None
+    return {str(tag) for tag in tags.sys_tags()}
+
+
+def wheel_fits(wheel: str, supported: set[str]) -> bool:
+    """Whether a wheel, by the tags in its file name (``name-version[-build]-py-abi-platform.whl``,
+    each part possibly several joined by dots), installs on an interpreter supporting ``supported``."""
+    py, abi, platform = wheel[: -len(".whl")].split("-")[-3:]
+    return any(
+        f"{p}-{a}-{pl}" in supported for p in py.split(".") for a in abi.split(".") for pl in platform.split(".")
+    )
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version (``6.33.5`` -> (6, 33, 5), ``2.11.0+cu130`` -> (2, 11, 0))."""
+    numbers = []
+    for part in text.split("."):
+        digits = re.match(r"\d+", part)
+        if not digits:
+            break
+        numbers.append(int(digits.group()))
+        if digits.group() != part:
+            break
+    return tuple(numbers)
+
+
+def select_wheels(
+    wheels: list[Path], supported: set[str] | None, installed: Callable[[str], str | None]
+) -> tuple[list[Path], list[str], dict[str, str]]:
+    """The wheels to install: (those, the names of those that do not fit this interpreter, the
+    :data:`CARRIED_IF_OLDER` distributions left to the interpreter's own fitting version).
+    ``installed(name)`` is the interpreter's version of a distribution, or None."""
+    chosen, unfit, kept = [], [], {}
+    for wheel in wheels:
+        if supported is not None and not wheel_fits(wheel.name, supported):
+            unfit.append(wheel.name)
+            continue
+        dist = wheel.name.split("-")[0].lower()
+        have = installed(dist) if dist in CARRIED_IF_OLDER else None
+        lowest, excluded = CARRIED_IF_OLDER.get(dist, ((), ()))
+        if have is not None and lowest <= version_tuple(have) < excluded:
+            kept[dist] = have
+            continue
+        chosen.append(wheel)
+    return chosen, unfit, kept
+
+
+def installed_version(dist: str) -> str | None:
+    """This interpreter's own version of a distribution (the install is not on its path here)."""
+    import importlib.metadata as md
+
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
 def step_install(ctx: Ctx) -> None:
-    """The carried wheels into ``SCRATCH/site`` (``--target``), on this interpreter."""
+    """The carried wheels into ``SCRATCH/site`` (``--target``), on this interpreter: those that
+    fit it, protobuf only where its own is outside the range needed (:func:`select_wheels`)."""
     box = ctx.begin("install")
     if box is None:
         return
@@ -922,6 +1009,12 @@ def step_install(ctx: Ctx) -> None:
         out = f"no wheels in {ctx.wheels}: run `bash benchmarks/gpu/wheels.sh` first (on a machine with PyPI)"
         ctx.report.result({**step_record("install", 1, 0.0, box, out, out), **info})
         return
+    wheels, unfit, kept = select_wheels(wheels, interpreter_tags(), installed_version)
+    info["installed_wheels"] = len(wheels)
+    if kept:
+        info["interpreter_has"] = kept  # a carried wheel left out: the interpreter's own fits
+    if unfit:
+        info["unfit"] = unfit
     has_pip = subprocess.run([ctx.py, "-m", "pip", "--version"], capture_output=True, timeout=60, check=False)
     if has_pip.returncode == 0:
         info["installer"] = "pip"
@@ -940,6 +1033,14 @@ def step_install(ctx: Ctx) -> None:
         except (OSError, zipfile.BadZipFile) as exc:
             code, note, output = 1, None, f"{type(exc).__name__}: {exc}"
     info["site_mib"] = round(sum(f.stat().st_size for f in site.rglob("*") if f.is_file()) / 2**20, 1)
+    if unfit and code == 0:  # the others are in, so that the next steps show what is missing
+        here, built = "CPython %d.%d" % sys.version_info[:2], info.get("built", {}).get("python", "?")
+        note = (
+            f"{len(unfit)} wheels do not fit this interpreter ({here}; they were built for Python {built}), "
+            f"left out: {', '.join(unfit)}; build them for it where PyPI is reachable: "
+            f"PYTHON={ctx.py} bash benchmarks/gpu/wheels.sh"
+        )
+        code, output = 1, note
     ctx.report.result({**step_record("install", code, round(time.time() - start, 1), box, note, output), **info})
 
 
@@ -992,6 +1093,12 @@ def step_environment(ctx: Ctx) -> None:
     record = step_record("environment", code if found or code else 1, seconds, box, note, text)
     if found:
         env = json.loads(found[-1])
+        broken = {k: v for k, v in env.get("import_errors", {}).items() if k in REQUIRED_IMPORTS}
+        if broken:
+            name, error = next(iter(broken.items()))
+            ctx.unusable = f"`import {name}` fails (the environment step says why)"
+            note = f"`import {name}` fails on this interpreter with the install: {error}"
+            record = step_record("environment", 1, seconds, box, note, text)
         record.update(env)
         if env.get("capability"):
             ctx.cc = tuple(env["capability"])  # type: ignore[assignment]
@@ -1315,9 +1422,13 @@ def main() -> int:
                 sys.path.insert(0, str(ctx.site))  # olmx's peak table, for MFU
             guarded(ctx, ["olmx"], step_olmx)
             guarded(ctx, ["environment"], step_environment)
-        guarded(ctx, paths, step_30m)
-        big = guarded(ctx, ["1b"], step_1b) or {}
-        guarded(ctx, ["1b olmo-core"], step_olmo_core, big)
+        if ctx.unusable:
+            for name in [*paths, "1b", "1b olmo-core"]:
+                report.skip(name, f"not run: {ctx.unusable}")
+        else:
+            guarded(ctx, paths, step_30m)
+            big = guarded(ctx, ["1b"], step_1b) or {}
+            guarded(ctx, ["1b olmo-core"], step_olmo_core, big)
     except (Cut, KeyboardInterrupt) as exc:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the reporting
         for proc in list(ACTIVE):
