@@ -19,6 +19,12 @@ enough micro-batches per step for every stage to work (a schedule runs the micro
 one optimizer step through the pipeline; fewer than the stages leave stages idle the whole step),
 and no downstream tasks (they score the output head's logits; the worker's forward-only pass
 through the stages returns the held-out loss, :mod:`olmx.worker.pipeline`).
+
+Each stage starts from its part of the model a run without a pipeline starts from at the same
+``trainer.seed`` (the worker draws the stage's weights as the whole model draws them,
+:class:`olmx.worker.pipeline.OneModelInit`), so a fresh pipelined run has that run's losses;
+not yet the weights a layer's module draws from torch's global generator in its own
+``reset_parameters`` (Engram's projections) on a stage after the first.
 """
 
 from __future__ import annotations
@@ -156,11 +162,6 @@ class PipelineParallel(ParallelPlugin):
                 f"{microbatches} per pipeline per step (trainer.global_batch_size / (data-parallel ranks x "
                 f"trainer.micro_batch_size)); bubble {idle:.0%} of the step; the first rank keeps the activations "
                 f"of {kept} at once",
-            ),
-            (
-                "initial weights",
-                "each stage drawn from a seed of its own (OLMo-core's), so a fresh pipelined run starts from other "
-                "weights than the same trainer.seed without a pipeline; a resumed checkpoint continues exactly",
             ),
         ]
         return Contribution(rows=rows, microbatches_in_flight=kept, idle_fraction=idle)

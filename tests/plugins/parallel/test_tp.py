@@ -137,9 +137,8 @@ def test_tp_and_fsdp_by_tp_training_equal_one_process(tmp_path):
     losses (within 1e-5; the sliced matmuls and the reductions sum in another order) and the
     same final parameters, read back from the checkpoints as whole tensors (within 1e-4).
     Pipeline x tensor parallel (``parallel=[fsdp,tp,pp]``, 4 processes: 2 stages of one block,
-    each sliced over 2 ranks) resumes the one-process run's step-2 checkpoint (a pipeline's
-    stages start from other initial weights) and trains steps 3-6 to its losses and weights, one
-    record a step. Every layout's held-out loss at step 6 is that of one process."""
+    each sliced over 2 ranks) resumes the one-process run's step-2 checkpoint and trains steps
+    3-6 to its losses and weights, one record a step. Every layout's held-out loss at step 6 is that of one process."""
     from tests.worker.test_faults import checkpoint_state
 
     env = {"OLMX_CACHE_DIR": str(tmp_path / "cache")}

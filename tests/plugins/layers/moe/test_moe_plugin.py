@@ -141,8 +141,8 @@ def test_olmo_core_backend_under_tritons_interpreter_equals_one_process_and_the_
     portable = run("portable", "portable", *hsdp_ep)
     assert len(single) == 3 and single[-1] < single[0]
     # Pipeline stages of OLMo-core's MoE blocks (ddp x pp 2, 1F1B: one block a stage) resume the
-    # single process's step-1 checkpoint (a pipeline's stages start from other initial weights)
-    # to its losses (measured equal; hsdp with expert parallelism x pp, by hand: 1.8e-5 at step 3)
+    # single process's step-1 checkpoint to its losses (measured equal; hsdp with expert
+    # parallelism x pp, by hand: 1.8e-5 at step 3)
     copy_as_of(tmp_path / "single", tmp_path / "pp", 1)
     pipeline = run("pp", "olmo_core", "parallel=[ddp,pp]", "trainer.save_interval=1")
     assert pipeline[1:] == pytest.approx(single[1:], rel=2e-4)
