@@ -365,15 +365,25 @@ class Context:
         return rows
 
 
-def check_dtypes(dtypes: Dtypes, *, mesh: Mesh, world: World, field_prefix: str) -> None:
-    """The core's check of a precision plugin's :class:`Dtypes` against the mesh."""
+def check_dtypes(dtypes: Dtypes, *, mesh: Mesh, world: World, plugin: str, section: str, cfg: Any) -> None:
+    """The core's check of the :class:`Dtypes` that precision plugin ``plugin`` (config section
+    ``section``, settings ``cfg``) chose for this mesh. A refusal names the plugin's own field
+    where its config has one (``precision.param_dtype``), else the section and the plugin."""
+
+    def refuse(key: str, value: str, why: str) -> ConfigError:
+        if key in getattr(type(cfg), "__dataclass_fields__", {}):
+            return ConfigError(f"{section}.{key}", f"'{value}' {why}")
+        what = key.removesuffix("_dtype")
+        return ConfigError(section, f"the precision plugin '{plugin}' chose {what} dtype '{value}', which {why}")
+
     for key, value in (("param_dtype", dtypes.param), ("reduce_dtype", dtypes.reduce)):
         if value not in DTYPES:
-            raise ConfigError(f"{field_prefix}.{key}", f"'{value}' is not one of {', '.join(DTYPES)}")
+            raise refuse(key, value, f"is not one of {', '.join(DTYPES)}")
     if dtypes.reduce != "float32" and not mesh.shards_params and world.size > 1:
-        raise ConfigError(
-            f"{field_prefix}.reduce_dtype",
-            f"{dtypes.reduce} reduction needs a data-parallel strategy that shards parameters "
-            f"(parallel=[fsdp] or [hsdp]): without sharding the parameters stay float32 and their float32 "
-            f"gradients are all-reduced",
+        raise refuse(
+            "reduce_dtype",
+            dtypes.reduce,
+            "as the reduction dtype needs a data-parallel strategy that shards parameters "
+            "(parallel=[fsdp] or [hsdp]): without sharding the parameters stay float32 and their float32 "
+            "gradients are all-reduced",
         )

@@ -222,8 +222,9 @@ def build_context(run: RunConfig, world: World, reg: Registry) -> Context:
     parallel = [(reg.get("parallel", name), cfg) for name, cfg in run.parallel.items()]
     mesh = resolve_mesh(run, world, parallel, reg)
     precision = reg.get("precision", run.precision_name)
-    dtypes = precision.dtypes(run.precision[run.precision_name], run, world, mesh)
-    check_dtypes(dtypes, mesh=mesh, world=world, field_prefix=precision.section)
+    settings = run.precision[run.precision_name]
+    dtypes = precision.dtypes(settings, run, world, mesh)
+    check_dtypes(dtypes, mesh=mesh, world=world, plugin=precision.name, section=precision.section, cfg=settings)
     layers = tuple((plugin, cfg) for _, plugin, cfg in reg.layers_in_order(run.layers))
     vocab = padded_vocab(run.data.tokenizer.vocab_size)
     ctx = Context(

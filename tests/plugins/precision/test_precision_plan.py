@@ -177,3 +177,50 @@ def test_sequence_parallel_degrees_divide_the_tokens_a_linear_layer_sees():
     ctx = build_context(run, World(nnodes=1, nproc_per_node=4), reg)
     assert ctx.mesh.cp == 2
     assert ctx.tokens_per_rank() == (48, "trainer.micro_batch_size=2 x data.seq_len=48 / context-parallel degree 2")
+
+
+HALF = '''"""A third-party precision plugin that chooses float16, which olmx does not apply."""
+from dataclasses import dataclass
+
+from olmx.api import Dtypes, PrecisionPlugin
+
+
+@dataclass(frozen=True)
+class HalfConfig:
+    """Settings of ``precision``."""
+
+    #: Reduce in float16 too.
+    half_reduce: bool = False
+
+
+class Half(PrecisionPlugin):
+    name = "half"
+    api = ">=3.0,<4"
+    Config = HalfConfig
+
+    def dtypes(self, cfg, run, world, mesh):
+        return Dtypes(param="bfloat16" if cfg.half_reduce else "float16",
+                      reduce="bfloat16" if cfg.half_reduce else "float32")
+
+
+HALF = Half()
+'''
+
+
+def test_a_plugins_unsupported_dtypes_are_refused_naming_the_plugin_not_a_field_it_lacks(plugin_site):
+    from olmx.plan.resolve import plan_from_overrides
+    from olmx.registry import Registry
+    from tests.conftest import make_dist
+
+    make_dist(plugin_site, "olmx-half", "[olmx.precision]\nhalf = half_mod:HALF\n", {"half_mod": HALF})
+    reg = Registry.discover()
+    with pytest.raises(ConfigError) as info:
+        plan_from_overrides(["precision=half"], reg)
+    assert info.value.field == "precision"  # the plugin has no param_dtype field to name
+    assert "the precision plugin 'half' chose param dtype 'float16'" in str(info.value)
+    assert "is not one of bfloat16, float32" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        plan_from_overrides(["precision=half", "precision.half_reduce=true", "parallel=[ddp]"], reg)
+    assert info.value.field == "precision"
+    assert "the precision plugin 'half' chose reduce dtype 'bfloat16'" in str(info.value)
+    assert "shards parameters" in str(info.value)
