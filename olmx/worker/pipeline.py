@@ -6,11 +6,12 @@ torch's ``PipelineStage`` for the standard schedules) and trains them in
 own CUDA schedules (``CustomInterleaved1F1B``, ``Custom1F1BV``: they place tensors with
 ``torch.cuda.current_device()``) and refuses torch's ``1F1B``, ``GPipe``, ``Interleaved1F1B``
 and the rest. :class:`PipelineTrainModule` is OLMo-core's train module with its schedule
-replaced by torch's (:class:`TorchSchedule`), which runs on any device and backend, gloo on CPUs
-included, a forward-only pass for evaluation (:meth:`PipelineTrainModule.eval_batch`: the held-out
-loss), the micro-batch's token ids to every stage (:data:`olmx.api.PIPELINE_TOKEN_IDS`), the
-batch sharded over the sequence-parallel ranks before the schedule (:meth:`PipelineTrainModule._prepare_batch`),
-and four fixes that make it equal a run without a pipeline:
+replaced by torch's (:class:`olmx.worker.pipeline_schedule.TorchSchedule`, the adapter), which
+runs on any device and backend, gloo on CPUs included, a forward-only pass for evaluation
+(:meth:`PipelineTrainModule.eval_batch`: the held-out loss), the micro-batch's token ids to every
+stage (:data:`olmx.api.PIPELINE_TOKEN_IDS`), the batch sharded over the sequence-parallel ranks
+before the schedule (:meth:`PipelineTrainModule._prepare_batch`), and four fixes that make it
+equal a run without a pipeline:
 
 * DDP's replicas (OLMo-core's composable ``replicate``, which torch's stages do not recognise)
   would all-reduce after every micro-batch's backward while other micro-batches' forwards are
@@ -25,7 +26,7 @@ and four fixes that make it equal a run without a pipeline:
   the tensor- and sequence-parallel ranks (OLMo-core averages it over the former only, so each
   tensor-parallel rank reported the loss of its slice of the sequence);
 * under tensor parallelism the stages send and receive DTensor activations, whose meshes they
-  look up in the world's (:func:`_find_meshes_in`).
+  look up in the world's (:func:`olmx.worker.pipeline_schedule.find_meshes_in`).
 
 The plugins' model edits run on each stage after the split (:func:`edit_stages_after_split`).
 Everything else (the split, the losses each last stage captures, the data-parallel wrapping of
@@ -46,86 +47,7 @@ from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.train.train_module.transformer.pipeline_train_module import TransformerPipelineTrainModule
 
 from olmx.types import PIPELINE_TOKEN_IDS
-
-
-def _output_is_the_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The last stage's output already is the micro-batch's share of the loss (OLMo-core's
-    ``run_pipeline`` hook returns it); the schedule backpropagates it as it is."""
-    del target
-    return output.sum()
-
-
-class TorchSchedule:
-    """The interface OLMo-core's train module drives (``step``, ``has_first_stage``,
-    ``has_last_stage``) over one of ``torch.distributed.pipelining``'s schedules. Gradients are
-    not divided by the micro-batches (``scale_grads=False``): each micro-batch's loss is already
-    its sum over the batch's tokens divided by all of them, so the sum over micro-batches is the
-    batch's mean, as without a pipeline."""
-
-    def __init__(self, stages: list[Any], schedule: str, microbatches: int, get_mesh: Callable[..., Any]) -> None:
-        from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
-
-        cls = get_schedule_class(schedule)
-        single = issubclass(cls, PipelineScheduleSingle)
-        self.stages = stages
-        self.num_microbatches = microbatches
-        #: The mesh of a DTensor activation's dimension names (the world mesh's slice).
-        self.get_mesh = get_mesh
-        self.impl = cls(
-            stages[0] if single else stages,
-            n_microbatches=microbatches,
-            loss_fn=_output_is_the_loss,
-            scale_grads=False,
-        )
-
-    @cached_property
-    def has_first_stage(self) -> bool:
-        """This rank holds the stage with the embedding."""
-        return any(stage.is_first for stage in self.stages)
-
-    @cached_property
-    def has_last_stage(self) -> bool:
-        """This rank holds the stage with the output head."""
-        return any(stage.is_last for stage in self.stages)
-
-    def step(self, input_ids: torch.Tensor, target: torch.Tensor | None = None, **kwargs: Any) -> None:
-        """One optimizer step's forward and backward of every micro-batch through the stages;
-        ``kwargs`` (the labels, the loss divisor) reach every stage, split like the batch."""
-        args = (input_ids,) if self.has_first_stage else ()
-        self.impl.step(*args, target=target if self.has_last_stage else None, **kwargs)
-
-    def eval(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
-        """``input_ids`` forward through the stages, as one micro-batch, under a forward-only
-        schedule of its own (:attr:`forward_only`); the last stage's output on the rank that holds
-        it, else None."""
-        args = (input_ids,) if self.has_first_stage else ()
-        return self.forward_only.step(*args, **kwargs)
-
-    @cached_property
-    def forward_only(self) -> Any:
-        """A schedule without a loss (forward only) over stages of its own around the same
-        model parts: torch's stages size their buffers for the first batch they see and for
-        training or not, and switching the training schedule to ``eval`` and back makes its
-        stages infer their shapes again with a forward of made-up inputs that the train module's
-        hooks would count as a micro-batch's loss. One micro-batch: evaluation batches need not
-        divide into the training micro-batches."""
-        from torch.distributed.pipelining import PipelineStage
-        from torch.distributed.pipelining.schedules import ScheduleGPipe, ScheduleLoopedBFS
-
-        stages = [
-            PipelineStage(
-                stage.submod,
-                stage.stage_index,
-                stage.num_stages,
-                stage.device,
-                group=stage.group,
-                get_mesh=self.get_mesh,
-            )
-            for stage in self.stages
-        ]
-        if len(stages) == 1:
-            return ScheduleGPipe(stages[0], n_microbatches=1)
-        return ScheduleLoopedBFS(stages, n_microbatches=1)
+from olmx.worker.pipeline_schedule import TorchSchedule, find_meshes_in
 
 
 class PipelineTrainModule(TransformerPipelineTrainModule):
@@ -139,7 +61,7 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
                 part.init_method = part.init_method.base
         if self.tp_enabled:
             for stage in self._pp_stages or []:
-                _find_meshes_in(stage, self._get_mesh)
+                find_meshes_in(stage, self._get_mesh)
 
     def run_pipeline(self, *args: Any, **kwargs: Any) -> Any:
         """OLMo-core's, with the replicas' gradients averaged once after the schedule, and the
@@ -168,9 +90,10 @@ class PipelineTrainModule(TransformerPipelineTrainModule):
     def eval_batch(self, batch: dict[str, Any], labels: torch.Tensor | None = None) -> Any:
         """The per-token CE loss of ``batch``, which OLMo-core's pipeline module does not compute
         (it has no forward-only pass): the batch goes forward through the stages as one
-        micro-batch (:attr:`TorchSchedule.forward_only`), the last stage returns its unreduced
-        loss (whole, under tensor parallelism), broadcast over the pipeline group so that every
-        rank's evaluator counts the same losses. No logits: the held-out loss needs none."""
+        micro-batch (:attr:`olmx.worker.pipeline_schedule.TorchSchedule.forward_only`), the last
+        stage returns its unreduced loss (whole, under tensor parallelism), broadcast over the
+        pipeline group so that every rank's evaluator counts the same losses. No logits: the
+        held-out loss needs none."""
         from olmo_core.nn.lm_head import LMOutputWithLoss
         from torch.distributed.tensor import DTensor
 
@@ -435,14 +358,6 @@ def _drop_dtensor_localizing_hooks(part: Any) -> None:
     for hooks in (part._forward_pre_hooks, part._forward_hooks):
         for key in [k for k, hook in hooks.items() if hook in (_localize_dtensor, _reconstruct_dtensor)]:
             del hooks[key]
-
-
-def _find_meshes_in(stage: Any, get_mesh: Callable[..., Any]) -> None:
-    """Let ``stage`` rebuild the tensor-parallel activations it receives: torch's stages send a
-    DTensor's metadata with its mesh's dimension names and look the mesh up on arrival, through
-    the ``get_mesh`` callback of ``PipelineStage``'s constructor, which OLMo-core's split (before
-    tensor parallelism is applied) does not pass. Every stage's meshes are slices of the world's."""
-    stage._mesh_cache._get_mesh_cb = get_mesh
 
 
 def build_pipeline_train_module(config: Any, model: Any, edit: Callable[[Any], None]) -> PipelineTrainModule:
