@@ -25,8 +25,8 @@ Plugins never name each other. They meet through capabilities that the core comp
 
 Resolve order: infra ``world``; parallel ``claim`` then the data-parallel strategy's
 ``layout`` (-> :class:`Mesh`); precision ``dtypes``; then every plugin's ``resolve`` against
-the :class:`Context`, in :data:`KIND_ORDER` (parallel, precision, layers by ``order``,
-trackers).
+the :class:`Context`, in :data:`KIND_ORDER` (layers by ``order``, precision, parallel,
+trackers), the one order of every hook (the model's edits and ``apply_train_module`` too).
 Decisions a plugin makes there go into :attr:`Contribution.decisions`, are saved in the plan
 and read back at build time (:meth:`Plugin.decided`), never recomputed.
 
@@ -127,6 +127,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "olmx",
     "olmx.api",
     "olmx.errors",
+    "olmx.metrics",
     "olmx.console",
     "olmx.planning",
     "olmx.launch",

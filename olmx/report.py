@@ -16,6 +16,12 @@ accuracy-type metric of its tasks (OLMo-core's ``eval/downstream/<task> (... acc
 and the summary's last values. With ``--compare`` every plot overlays the other runs and the table
 has one column per run.
 
+Metric names are the run's vocabulary (:mod:`olmx.metrics`, the names every tracker records too).
+The peak memory row says what was measured: CUDA's allocator peak, or on CPU the process's
+resident set, given also above the process's start (torch and OLMo-core, ~0.5 GiB, recorded
+before the model was built), and its ratio to the plan's estimate of live tensors
+(:data:`olmx.plan.memory.MEASURED_AS`; on CPU the heap keeps freed blocks, up to 2x).
+
 MFU is the measured model FLOP/s per device (OLMo-core's ``throughput/device/flopsPS``, from
 its FLOPs-per-token count) over the device's dense BF16 peak (:data:`olmx.launch.devices.PEAK_FLOPS`); it is
 shown only for a known GPU and BF16-class precision (bf16, mxfp8), as OLMo-core does.
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from olmx import metrics as names
 from olmx.errors import ConfigError
 from olmx.events import read_events
 from olmx.rundir import RunDir
@@ -40,9 +47,6 @@ REPORT_DIR = "report"
 PLOTS = ("loss", "lr", "throughput", "memory")
 #: The plot of the downstream tasks' accuracies, written when a run has any.
 DOWNSTREAM_PLOT = "downstream"
-#: OLMo-core's prefix of the downstream tasks' metrics (``eval/downstream/<task> (<metric>)``),
-#: recorded under these names in ``metrics.jsonl`` (:func:`olmx.worker.datasets.eval_record`).
-DOWNSTREAM_PREFIX = "eval/downstream/"
 
 
 def downstream_accuracies(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
@@ -51,8 +55,8 @@ def downstream_accuracies(records: list[dict[str, Any]]) -> dict[str, list[tuple
     out: dict[str, list[tuple[int, float]]] = {}
     for r in records:
         for key, value in r.items():
-            if key.startswith(DOWNSTREAM_PREFIX) and "accuracy" in key and not key.endswith(" v2)"):
-                out.setdefault(key.removeprefix(DOWNSTREAM_PREFIX), []).append((r["step"], value))
+            if key.startswith(names.DOWNSTREAM_PREFIX) and "accuracy" in key and not key.endswith(" v2)"):
+                out.setdefault(key.removeprefix(names.DOWNSTREAM_PREFIX), []).append((r["step"], value))
     return out
 
 
@@ -195,8 +199,8 @@ def summarize(run: RunData) -> dict[str, str]:
     cfg, world, batch = plan["config"], plan["world"], plan["batch"]
     model, t = cfg["model"], cfg["trainer"]
     tokens_per_step = batch["global_seqs"] * batch["seq_len"]
-    losses = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
-    held = [(r["step"], r["eval/loss"]) for r in records if r.get("eval/loss") is not None]
+    losses = [(r["step"], r[names.LOSS]) for r in records if r.get(names.LOSS) is not None]
+    held = [(r["step"], r[names.EVAL_LOSS]) for r in records if r.get(names.EVAL_LOSS) is not None]
     last_step = records[-1]["step"] if records else 0
     precision = (cfg.get("precision") or {}).get("name", "?")
     parallel = ",".join(cfg.get("parallel", {}) or []) or "none"
@@ -206,19 +210,15 @@ def summarize(run: RunData) -> dict[str, str]:
     if procs and all(p.get("tokens_per_s") for p in procs):
         tps = ", ".join(fmt(p["tokens_per_s"], ",.0f") for p in procs)
     else:
-        tps = fmt(_median([r.get("tokens_per_s_per_process") for r in records]), ",.0f")
-    flops = _median([r.get("flops_per_s_per_device") for r in records])
+        tps = fmt(_median([r.get(names.TOKENS_PER_S_PER_PROCESS) for r in records]), ",.0f")
+    flops = _median([r.get(names.FLOPS_PER_S) for r in records])
     peak = peak_flops(world.get("device_name", ""), (plan.get("dtypes") or {}).get("param", "float32"))
     mfu = (
         f"{100 * flops / peak:.3g}%"
         if flops and peak
         else f"- (peak of '{world.get('device_name')}' with {precision} unknown)"
     )
-    memory = (
-        ", ".join(fmt(p.get("peak_mem_mib"), ",.0f") for p in procs)
-        if procs
-        else fmt(max((r["peak_mem_mib"] for r in records if r.get("peak_mem_mib") is not None), default=None), ",.0f")
-    )
+    memory = _memory(plan, procs, records)
     nonfinite = [e["step"] for e in run.events if e["event"] == "nonfinite"]
     problems = [
         f"step {e.get('step')} corrupt ({e.get('problem')})" for e in run.events if e["event"] == "checkpoint_corrupt"
@@ -262,6 +262,37 @@ def summarize(run: RunData) -> dict[str, str]:
     }
 
 
+def _memory(plan: dict[str, Any], procs: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
+    """The peak memory row: what was measured (the allocator's peak on CUDA, the process's RSS
+    on CPU, whose start, torch and OLMo-core, is subtracted there) per process, and its ratio to
+    the plan's estimate of live tensors (:data:`olmx.plan.memory.MEASURED_AS`)."""
+    from olmx.plan.memory import peak_of
+
+    cuda = plan["world"].get("device") == "cuda"
+    found = [p.get(names.PEAK_MEMORY) for p in procs]
+    if not procs:  # no summary.json (a crash): the largest any step recorded
+        found = [max((r[names.PEAK_MEMORY] for r in records if r.get(names.PEAK_MEMORY) is not None), default=None)]
+    peaks: list[float] = [p for p in found if p is not None]
+    if not peaks or len(peaks) < len(found):
+        return "-"
+    text = f"{'allocator peak' if cuda else 'process RSS'} {', '.join(f'{p:,.0f}' for p in peaks)}"
+    compared = peaks
+    bases: list[float] = [p["base_rss_mib"] for p in procs if p.get("base_rss_mib") is not None]
+    if not cuda and procs and len(bases) == len(procs):
+        compared = [p - b for p, b in zip(peaks, bases, strict=True)]
+        text += f"; above the start (torch, OLMo-core: {', '.join(f'{b:,.0f}' for b in bases)}) "
+        text += ", ".join(f"{c:,.0f}" for c in compared)
+    elif not cuda:
+        compared = []  # an older run: no start recorded, nothing like the estimate to compare
+    estimate = peak_of((plan.get("sections") or {}).get("memory", []))
+    if estimate:
+        mib = estimate / 2**20
+        text += f"; plan's estimate {mib:,.0f} of live tensors"
+        if compared:
+            text += f", {'measured' if cuda else 'above the start'} / estimate {max(compared) / mib:.2f}"
+    return text
+
+
 def _resume_steps(run: RunData) -> list[int]:
     return [e["resumed_from"] for e in run.events if e["event"] == "start" and e.get("resumed_from")]
 
@@ -274,10 +305,10 @@ def plot(runs: list[RunData], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     series = {
-        "loss": ("loss", lambda r: r.get("loss")),
-        "lr": ("learning rate", lambda r: r.get("lr")),
-        "throughput": ("tokens/s per device", lambda r: r.get("tokens_per_s_per_process")),
-        "memory": ("peak memory per process (MiB)", lambda r: r.get("peak_mem_mib")),
+        "loss": ("loss", lambda r: r.get(names.LOSS)),
+        "lr": ("learning rate", lambda r: r.get(names.LR)),
+        "throughput": ("tokens/s per device", lambda r: r.get(names.TOKENS_PER_S_PER_PROCESS)),
+        "memory": ("peak memory per process (MiB)", lambda r: r.get(names.PEAK_MEMORY)),
     }
     paths = []
     for name in PLOTS:
@@ -285,7 +316,7 @@ def plot(runs: list[RunData], out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
         for i, run in enumerate(runs):
             points = [(r["step"], get(r)) for r in run.records if get(r) is not None]
-            held = [(r["step"], r["eval/loss"]) for r in run.records if r.get("eval/loss") is not None]
+            held = [(r["step"], r[names.EVAL_LOSS]) for r in run.records if r.get(names.EVAL_LOSS) is not None]
             held = held if name == "loss" else []
             color = f"C{i}"
             if points:

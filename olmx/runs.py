@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from olmx import metrics as names
 from olmx.events import outcome, read_events
 from olmx.rundir import RunDir
 
@@ -53,7 +54,7 @@ def run_row(path: Path) -> RunRow:
     rd = RunDir(path)
     records = _records(rd.metrics)
     last = records[-1] if records else {}
-    losses = [r["loss"] for r in records if r.get("loss") is not None]
+    losses = [r[names.LOSS] for r in records if r.get(names.LOSS) is not None]
     state, detail = _state(rd)
     return RunRow(
         name=path.name,
@@ -64,7 +65,7 @@ def run_row(path: Path) -> RunRow:
         max_steps=_max_steps(path / "plan.yaml"),
         loss=losses[-1] if losses else None,
         checkpoint=rd.latest_checkpoint(),
-        tokens=int(last.get("tokens", 0)),
+        tokens=int(last.get(names.TOKENS) or 0),
     )
 
 
@@ -106,13 +107,11 @@ def _records(path: Path) -> list[dict]:
 
 
 def _max_steps(plan: Path) -> int | None:
-    import yaml
+    """``trainer.max_steps`` of a saved plan (None: a cut or hand-edited plan; the row says "?")."""
+    from olmx.plan.codec import saved_config
 
-    try:
-        data = yaml.safe_load(plan.read_text())
-        value = data["config"]["trainer"]["max_steps"]
-    except Exception:  # noqa: BLE001 -- a cut or hand-edited plan: the row says "?"
-        return None
+    trainer = (saved_config(plan) or {}).get("trainer")
+    value = trainer.get("max_steps") if isinstance(trainer, dict) else None
     return value if isinstance(value, int) else None
 
 

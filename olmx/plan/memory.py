@@ -89,6 +89,27 @@ AUTOCAST_D = 7
 #: bf16 parameters): it normalizes in float32 and saves its input and output in float32 for
 #: backward (saved-tensor count on its RMSNorm: 8 bytes an element in bfloat16, as in float32).
 NORM_FLOAT32 = 4
+#: d-wide tensors per token a ``torch.compile``d attention part keeps, in the compute dtype: the
+#: block input, q after RoPE, the attention output and the output projection (the attention norm's
+#: input), plus ``2 kv`` for k after RoPE and v, and with QK-norm q's and k's inputs (``d + kv``).
+#: AOTAutograd's min-cut partitioner recomputes every norm, RoPE, SiLU, cast and residual add in
+#: the backward graph, so no float32 norm copies (:data:`NORM_FLOAT32`) and, on OLMo 3's reordered
+#: norms, no autocast copies (:data:`AUTOCAST_D`) are kept; the norms' float32 reciprocal RMS and
+#: the attention's log-sum-exp (``4`` bytes a token per norm and per head) are left out. Counted
+#: with saved-tensor hooks on OLMo-core blocks compiled with inductor and with
+#: ``aot_eager_decomp_partition`` (the same partitioner; identical counts), on CPU
+#: (``benchmarks/compiled_activations.py``, ``benchmarks/results/memory_model.md``).
+COMPILED_ATTN_D = 4
+#: d-wide tensors per token a ``torch.compile``d feed-forward part keeps: its input (the residual
+#: after attention) and its output (the feed-forward norm's input).
+COMPILED_FF_D = 2
+#: h-wide tensors per token a ``torch.compile``d SwiGLU keeps: the two projections and the gated
+#: product (eager keeps the SiLU output too: :data:`olmx.api.FF_H` = 4).
+COMPILED_FF_H = 3
+#: d-wide tensors per token a ``torch.compile``d block keeps beyond its attention part under
+#: ``activation_checkpointing=long_context`` (the feed-forward's and the norms' inputs, less what
+#: the partitioner shares: one ``d``, counted).
+COMPILED_LONG_CONTEXT_D = 1
 #: The optimizer step's temporaries, in copies of the parameter shard (foreach AdamW).
 OPTIMIZER_TEMPORARIES = 1
 
@@ -135,6 +156,8 @@ class MemoryEstimate:
     plugin_gathered: int = 0
     #: Micro-batches in flight (the largest :attr:`olmx.api.Contribution.microbatches_in_flight`).
     inflight: int = 1
+    #: The blocks run ``torch.compile``d (:attr:`olmx.plan.execution.Execution.compile`).
+    compiled: bool = False
 
     @property
     def plugin_terms(self) -> tuple[int, int, int]:
@@ -147,12 +170,14 @@ class MemoryEstimate:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers
 
 
-def block_activations(run: RunConfig, b: int, autocast: bool) -> tuple[int, int, int]:
+def block_activations(run: RunConfig, b: int, autocast: bool, compiled: bool = False) -> tuple[int, int, int]:
     """Bytes per token of one llama-like block: ``(attention part, feed-forward part, backward
-    transient)`` (see the module docstring)."""
+    transient)`` (see the module docstring); ``compiled``: the block runs ``torch.compile``d."""
     m = run.model
     d, h = m.d_model, m.hidden_size
     kv = d * (m.n_kv_heads or m.n_heads) // m.n_heads
+    if compiled:
+        return compiled_block_activations(d, kv, h, m.qk_norm, b)
     attn = (ATTN_D * d + 2 * kv + ((d + kv) if m.qk_norm else 0)) * b
     ff = (FF_D * d + FF_H * h) * b
     if autocast:  # the residual stream and the norms stay float32; the linears read bf16 casts
@@ -161,6 +186,15 @@ def block_activations(run: RunConfig, b: int, autocast: bool) -> tuple[int, int,
     elif b < 4:  # low-precision weights: each RMSNorm keeps a float32 copy of its input too
         attn += NORM_FLOAT32 * (d + ((d + kv) if m.qk_norm else 0))
         ff += NORM_FLOAT32 * d
+    return attn, ff, TRANSIENT_H * h * b
+
+
+def compiled_block_activations(d: int, kv: int, h: int, qk_norm: bool, b: int) -> tuple[int, int, int]:
+    """:func:`block_activations` of a ``torch.compile``d block (:data:`COMPILED_ATTN_D`,
+    :data:`COMPILED_FF_D`, :data:`COMPILED_FF_H`): the same under autocast, whose casts are
+    recomputed (counted: bf16 parameters and float32 ones under autocast keep the same bytes)."""
+    attn = (COMPILED_ATTN_D * d + 2 * kv + ((d + kv) if qk_norm else 0)) * b
+    ff = (COMPILED_FF_D * d + COMPILED_FF_H * h) * b
     return attn, ff, TRANSIENT_H * h * b
 
 
@@ -175,6 +209,7 @@ def estimate(
     plugin_activations: int = 0,
     plugin_gathered: int = 0,
     inflight: int = 1,
+    compiled: bool = False,
 ) -> MemoryEstimate:
     """The estimate for one process of the run (see the module docstring: the same terms on
     every ``device``, whose capacity :func:`check` compares it with); ``sharded`` lists
@@ -182,7 +217,9 @@ def estimate(
     (:attr:`olmx.api.Contribution.sharded_params`), ``plugin_activations`` the bytes per token
     their modules keep (:attr:`olmx.api.Contribution.activation_bytes_per_token`, summed) and
     ``plugin_gathered`` the parameters they gather for compute (:attr:`~olmx.api.Contribution.gathered_params`)
-    and ``inflight`` the micro-batches a pipeline stage keeps activations of."""
+    and ``inflight`` the micro-batches a pipeline stage keeps activations of; ``compiled``: the
+    blocks run ``torch.compile``d (:func:`compiled_block_activations`; False: eager, as counted
+    first)."""
     m, t = run.model, run.trainer
     b = _DTYPE_BYTES.get(param_dtype, 4)
     autocast = b < 4 and not mesh.shards_params  # replicated parameters: torch.autocast
@@ -209,7 +246,7 @@ def estimate(
     # tensor parallelism with sequence-parallel norms: each rank keeps 1/tp of a block's
     # activations (its heads and feed-forward slice; 1/tp of the positions around the norms)
     tokens = t.micro_batch_size * run.data.seq_len // (max(1, mesh.cp) * mesh.tp)
-    attn, ff, transient = block_activations(run, b, autocast)
+    attn, ff, transient = block_activations(run, b, autocast, compiled)
     # plugins' activations belong to blocks too: a stage keeps its share, for every micro-batch in flight
     plugin_acts = tokens * plugin_activations * stage_layers * inflight // m.n_layers
     head = tokens * (2 * d * b + 2 * 4 * vocab)
@@ -223,7 +260,9 @@ def estimate(
     elif ac == "long_context":  # feed-forward and norms recomputed (their inputs kept), one at a time
         # per block the attention part less its norm's inner tensor, plus the feed-forward
         # norm's input (saved-tensor count: 8 d-wide tensors per block with MHA, not 10)
-        acts = kept * tokens * attn + tokens * (ff + transient) + head + plugin_acts
+        # (compiled: the attention part and one d of the feed-forward's and norms' inputs)
+        lc = attn + (COMPILED_LONG_CONTEXT_D * d * b if compiled else 0)
+        acts = kept * tokens * lc + tokens * (ff + transient) + head + plugin_acts
     else:
         acts = no_ac
     # FSDP2 gathers a block and prefetches the next, in the compute dtype; DDP's buckets are the
@@ -237,12 +276,38 @@ def estimate(
     copies = 2 * total_params if autocast else 0  # autocast's bf16 weight copies, kept for backward
     step = OPTIMIZER_TEMPORARIES * params  # the optimizer step's temporaries, after backward
     buffers = max(comm + copies, step - acts)
-    return MemoryEstimate(params, grads, optimizer, acts, no_ac, buffers, plugin_activations, plugin_gathered, inflight)
+    return MemoryEstimate(
+        params, grads, optimizer, acts, no_ac, buffers, plugin_activations, plugin_gathered, inflight, compiled
+    )
 
 
 def gib(n: int | float) -> str:
     """``n`` bytes for the plan: GiB, or MiB below one GiB."""
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / (1 << 20):.0f} MiB"
+
+
+#: The label of the estimated peak in the plan's ``memory`` section, and what it counts.
+PEAK_ROW = "estimated peak"
+#: What a run's measured peak is compared with the estimate as (the plan's ``measured as`` row;
+#: ``olmx report`` shows the ratio): device type -> how.
+MEASURED_AS = {
+    "cuda": "allocator peak (torch.cuda.max_memory_allocated: live tensors, as estimated)",
+    "cpu": "process RSS above its start (the estimate's live tensors plus freed blocks the heap keeps, up to 2x; "
+    "torch and OLMo-core hold ~0.5 GiB before the model, not counted)",
+}
+
+
+def peak_of(rows: list[tuple[str, str]] | list[list[str]]) -> int | None:
+    """The estimated peak in bytes, read back from the plan's ``memory`` section (:func:`rows`;
+    None where it has none), for the report's comparison with the measured peak."""
+    text = dict((row[0], row[1]) for row in rows).get(PEAK_ROW)
+    if not text:
+        return None
+    number, _, unit = text.partition(" ")
+    try:
+        return int(float(number) * (GIB if unit.startswith("GiB") else 1 << 20))
+    except ValueError:
+        return None
 
 
 def rows(est: MemoryEstimate, world: World) -> list[tuple[str, str]]:
@@ -266,7 +331,8 @@ def rows(est: MemoryEstimate, world: World) -> list[tuple[str, str]]:
             f"{CUDA_RESERVED_GIB:g} GiB for the CUDA context, NCCL and cuBLAS, less {FRAGMENTATION:.0%} "
             "for fragmentation)"
         )
-    out.append(("estimated peak", f"{gib(est.peak)} {where}"))
+    out.append((PEAK_ROW, f"{gib(est.peak)} live tensors {where}"))
+    out.append(("measured as", MEASURED_AS["cuda" if world.device == "cuda" else "cpu"]))
     return out
 
 
@@ -280,8 +346,9 @@ def check(
     param_dtype: str,
     sharded: tuple[tuple[int, int], ...] = (),
 ) -> list[str]:
-    """ConfigError when the estimated peak exceeds a GPU's memory, naming the cheapest change
-    that fits; on CPUs (RAM shared with the system, swap) a warning instead (returned)."""
+    """ConfigError when the estimated peak exceeds the memory a process can use (a GPU's less its
+    headroom, or on CPUs its share of the host's RAM: the kernel would kill the workers), naming
+    the cheapest change that fits. Returns the warnings (none: kept for callers)."""
     from dataclasses import replace
 
     from olmx.errors import ConfigError
@@ -312,7 +379,7 @@ def check(
         (
             f"{change} (estimated {gib(e.peak)})"
             for change, r, m in tries
-            if (e := estimate(r, m, total_params, vocab, param_dtype, world.device, sharded, *est.plugin_terms)).peak
+            if (e := estimate(r, m, total_params, vocab, param_dtype, world.device, sharded, *est.plugin_terms, est.compiled)).peak
             <= cap * GIB
         ),
         "more processes to shard over, a smaller model or a shorter data.seq_len",
@@ -322,8 +389,7 @@ def check(
         f"optimizer {gib(est.optimizer)}, activations {gib(est.activations)}, buffers {gib(est.buffers)}) is more "
         f"than the {cap:.1f} GiB usable of {world.device_name}"
         + (f" ({world.device_memory_gib:.1f} GiB less headroom)" if cap != world.device_memory_gib else "")
+        + ("" if world.device == "cuda" else " (its share of the host's RAM: the kernel would kill the workers)")
         + f"; cheapest change that fits: {fix}"
     )
-    if world.device == "cuda":
-        raise ConfigError("memory", message)
-    return [message]
+    raise ConfigError("memory", message)

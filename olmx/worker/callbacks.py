@@ -1,23 +1,29 @@
 """olmx's trainer callbacks: ``metrics.jsonl`` and ``summary.json`` in the run directory, and
 OLMo-core's speed monitor with olmx's peak FLOP/s table.
 
-Rank 0 appends one JSON object per logged step (``step``, ``loss``, ``lr``, ``tokens``,
-``tokens_per_s`` (over the last :data:`WINDOW_STEPS` steps, so start-up, compilation and
-recompiles leave it once they are out of the window), ``tokens_per_s_per_process``,
-``flops_per_s_per_device``, ``mfu`` (OLMo-core's, per step, against :func:`olmx.launch.devices.peak_flops`
-for the run's compute dtype; absent where olmx does not know the device), ``peak_mem_mib``,
-``reserved_mem_mib`` (CUDA), ``time``; a step skipped for a non-finite loss
-has ``loss: null`` and ``skipped: true``; an evaluated step adds ``eval/loss`` and
-``eval/perplexity``, from OLMo-core's evaluator: :func:`olmx.worker.datasets.eval_record`); the
-launcher follows that file to draw its progress bar. At the end (also when the run stops early
-on a signal or a non-finite loss) every rank's throughput and peak memory are gathered into
-``summary.json``, with how the run ended.
+Rank 0 appends one JSON object per logged step: ``step``, ``time``, and every metric of the step
+under the run's name for it (:func:`olmx.metrics.canonical`, the names every first-party tracker
+records too): ``loss``, ``lr``, ``tokens``, ``tokens_per_s`` (over the last :data:`WINDOW_STEPS`
+steps, so start-up, compilation and recompiles leave it once they are out of the window),
+``tokens_per_s_per_process``, ``flops_per_s_per_device``, ``mfu`` (OLMo-core's, per step, against
+:func:`olmx.launch.devices.peak_flops` for the run's compute dtype; absent where olmx does not
+know the device), ``peak_mem_mib`` (:func:`peak_memory_mib`: allocator peak on CUDA, resident-set
+high-water mark on CPU), ``reserved_mem_mib`` (CUDA), and OLMo-core's other metrics under its
+names (``train/Z loss``, ``optim/total grad norm``, ...); the first ten are always there (null
+where unknown). A step skipped for a non-finite loss has ``loss: null`` and ``skipped: true``; an
+evaluated step adds ``eval/loss`` and ``eval/perplexity`` (OLMo-core's evaluator, over the
+positions with a target: :class:`olmx.worker.datasets.HeldOutLMEvaluator`) and the downstream
+tasks' metrics. The launcher follows that file to draw its progress bar. At the end (also when
+the run stops early on a signal or a non-finite loss) every rank's throughput and peak memory
+(with what it measures, :func:`memory_measure`, and on CPU the resident set before the model was
+built) are gathered into ``summary.json``, with how the run ended.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import resource
 import time
@@ -28,19 +34,33 @@ from typing import Any
 
 from olmo_core.train.callbacks import Callback, ProfilerCallback, SpeedMonitorCallback
 
+from olmx import metrics as names
 from olmx.rundir import RunDir
-from olmx.worker.datasets import eval_record
 from olmx.writable import write_text_atomic
 
 log = logging.getLogger(__name__)
 
 
 def peak_memory_mib(device: Any) -> float:
-    """Peak memory of this process: CUDA allocator peak on GPU, max RSS on CPU."""
+    """Peak memory of this process (:func:`memory_measure` says which): CUDA allocator peak on
+    GPU, resident-set high-water mark on CPU."""
     import torch
 
     if getattr(device, "type", "cpu") == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    return rss_mib()
+
+
+def memory_measure(device_type: str) -> str:
+    """What :func:`peak_memory_mib` measures on a device of ``device_type``: ``allocator peak``
+    (CUDA: live tensors, what the plan's estimate counts) or ``process RSS`` (CPU: everything
+    the process holds, the interpreter, torch and OLMo-core and freed blocks the heap kept
+    included)."""
+    return "allocator peak" if device_type == "cuda" else "process RSS"
+
+
+def rss_mib() -> float:
+    """This process's resident-set high-water mark so far, MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -106,6 +126,11 @@ class OlmxMetricsCallback(Callback):
     tokens_per_step: int = 0
     world_size: int = 1
     resumed_from: int | None = None
+    #: CPU: the resident set (MiB) before the model was built (the interpreter, torch,
+    #: OLMo-core, the data), which the report subtracts to compare with the plan's estimate.
+    base_rss_mib: float | None = None
+    #: The newest step's record, until its last flush is in (rank 0).
+    _held: dict[str, Any] | None = field(default=None, repr=False)
     #: ``(step, time)`` at the end of the last :data:`WINDOW_STEPS` + 1 steps.
     _ends: deque = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS + 1), repr=False)
 
@@ -114,16 +139,21 @@ class OlmxMetricsCallback(Callback):
         self._ends.clear()
 
     def post_step(self) -> None:
-        """Time the step and record peak memory."""
+        """Time the step; record peak memory and throughput, under the run's names, for every
+        callback (metrics.jsonl and the trackers alike)."""
         from olmo_core.train.common import ReduceType
 
         self._ends.append((self.step, time.perf_counter()))
-        self.trainer.record_metric(
-            "system/peak memory (MiB)", peak_memory_mib(self.trainer.device), reduce_type=ReduceType.max
-        )
+        record = self.trainer.record_metric
+        record(names.PEAK_MEMORY, peak_memory_mib(self.trainer.device), reduce_type=ReduceType.max)
         reserved = reserved_memory_mib(self.trainer.device)
         if reserved is not None:
-            self.trainer.record_metric("system/reserved memory (MiB)", reserved, reduce_type=ReduceType.max)
+            record(names.RESERVED_MEMORY, reserved, reduce_type=ReduceType.max)
+        record(names.TOKENS, float(self.step * self.tokens_per_step), reduce_type=ReduceType.max)
+        tps = self._tokens_per_s()
+        if tps is not None:  # rank 0's clock (every rank's agrees but for noise)
+            record(names.TOKENS_PER_S, tps, reduce_type=ReduceType.max)
+            record(names.TOKENS_PER_S_PER_PROCESS, tps / self.world_size, reduce_type=ReduceType.max)
 
     def _tokens_per_s(self) -> float | None:
         """Tokens per second over the window: the steps that ended after its first step's end
@@ -136,45 +166,63 @@ class OlmxMetricsCallback(Callback):
         return (last_step - first_step) * self.tokens_per_step / (last - first)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """Append the step's record (rank 0 only)."""
+        """Collect the step's metrics under the run's names (rank 0 only). A step's metrics can
+        arrive in two flushes (a checkpoint step: the second has what was recorded after the
+        save; the last step's final checkpoint is saved after ``post_train``), so its record is
+        written when a later step's arrive, or at :meth:`close`."""
         from olmo_core.distributed.utils import get_rank
 
+        if get_rank() != 0:
+            return
+        named = names.canonical(metrics)
+        if self._held is not None and self._held["step"] == step:
+            self._held.update(named)
+            return
+        self._write_held()
+        self._held = {"step": step, **named, "time": time.time()}
+
+    def _write_held(self) -> None:
+        """Append the held step's record, if it has a loss, a skip or an evaluation."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        step = held["step"]
         # 1.0 on a non-finite step; a reduction of metrics that differ between ranks (a pipeline's)
         # reports a step without it as -inf (the identity of its max)
-        skipped = metrics.get("olmx/non-finite step", 0.0) > 0
-        evaluated = eval_record(metrics)
-        if get_rank() != 0 or ("train/CE loss" not in metrics and not skipped and not evaluated):
+        skipped = held.get(names.NONFINITE_STEP, 0.0) > 0
+        evaluated = any(k.startswith("eval/") for k in held)
+        if names.LOSS not in held and not skipped and not evaluated:
             return
-        tps = self._tokens_per_s()
-        record = {
-            "step": step,
-            "loss": metrics.get("train/CE loss"),
-            "lr": metrics.get("optim/LR (group 0)"),
-            "tokens": step * self.tokens_per_step,
-            "tokens_per_s": tps,
-            "tokens_per_s_per_process": tps / self.world_size if tps else None,
-            "flops_per_s_per_device": metrics.get("throughput/device/flopsPS"),
-            "mfu": metrics.get("throughput/device/MFU"),
-            "peak_mem_mib": metrics.get("system/peak memory (MiB)"),
-            "time": time.time(),
-        }
-        if "system/reserved memory (MiB)" in metrics:
-            record["reserved_mem_mib"] = metrics["system/reserved memory (MiB)"]
+        always = [names.LOSS, names.LR, names.TOKENS, names.TOKENS_PER_S, names.TOKENS_PER_S_PER_PROCESS]
+        always += [names.FLOPS_PER_S, names.MFU, names.PEAK_MEMORY]
+        # JSON has no inf or nan: a non-finite value is null (a pipeline's reduction reports an
+        # unrecorded max as -inf; the trackers keep the number)
+        finite = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in held.items()}
+        record: dict[str, Any] = {"step": step, **dict.fromkeys(always), **finite}
+        record[names.TOKENS] = step * self.tokens_per_step
+        record["time"] = record.pop("time")  # last, as before
         if skipped:
+            record[names.LOSS] = None
             record["skipped"] = True
-        record.update(evaluated)
         with open(RunDir(self.run_dir).metrics, "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def close(self) -> None:
+        """Write the held record however training ends (an error included)."""
+        self._write_held()
+
     def post_train(self) -> None:
-        """Gather every process's throughput and peak memory into summary.json."""
+        """Gather every process's throughput and peak memory into summary.json (the last step's
+        record is written at :meth:`close`, after the final checkpoint's metrics)."""
         import torch.distributed as dist
 
         tps = self._tokens_per_s()
         mine = {
             "rank": int(os.environ.get("RANK", 0)),
             "tokens_per_s": tps / self.world_size if tps else None,
-            "peak_mem_mib": peak_memory_mib(self.trainer.device),
+            names.PEAK_MEMORY: peak_memory_mib(self.trainer.device),
+            "memory_measure": memory_measure(self.trainer.device.type),
+            "base_rss_mib": self.base_rss_mib,
         }
         everyone = [mine]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -186,7 +234,8 @@ class OlmxMetricsCallback(Callback):
         path = RunDir(self.run_dir).metrics
         if path.exists():
             records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        losses = [r["loss"] for r in records if r.get("loss") is not None]
+        records += [self._held] if self._held is not None and not self._held.get(names.NONFINITE_STEP, 0) > 0 else []
+        losses = [r[names.LOSS] for r in records if r.get(names.LOSS) is not None]
         guard = self.trainer.callbacks.get("olmx_guard")
         summary = {
             "steps": self.step,

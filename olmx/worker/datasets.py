@@ -41,24 +41,12 @@ from olmx.data.splits import (
     split,
 )
 from olmx.errors import ConfigError
+from olmx.metrics import HELDOUT_EVALUATOR, HELDOUT_LABEL
 from olmx.plan import Plan
-from olmx.report import DOWNSTREAM_PREFIX
 
-#: The label of the evaluated data in OLMo-core's metric names.
-EVAL_LABEL = "heldout"
-#: OLMo-core's name of the evaluator's loss (``eval/<evaluator>/<label>/CE loss``).
-EVAL_LOSS_METRIC = f"eval/lm/{EVAL_LABEL}/CE loss"
-
-
-def eval_record(metrics: dict[str, float]) -> dict[str, float]:
-    """What a step's metrics add to its ``metrics.jsonl`` record (empty if it was not evaluated):
-    ``eval/loss`` and ``eval/perplexity``, the evaluator's own loss (:class:`HeldOutLMEvaluator`),
-    and the downstream tasks' metrics under OLMo-core's names, the numbers every tracker gets too."""
-    out = {k: float(v) for k, v in metrics.items() if k.startswith(DOWNSTREAM_PREFIX)}
-    if EVAL_LOSS_METRIC in metrics:
-        loss = float(metrics[EVAL_LOSS_METRIC])
-        out |= {"eval/loss": loss, "eval/perplexity": math.exp(loss)}
-    return out
+#: The label of the evaluated data in OLMo-core's metric names (``eval/lm/heldout/CE loss``,
+#: which :data:`olmx.metrics.RENAMED` names ``eval/loss``).
+EVAL_LABEL = HELDOUT_LABEL
 
 
 class HeldOutLMEvaluator(LMEvaluator):
@@ -331,7 +319,7 @@ def build_evaluator(
         target_device_type=device.type,
     )
     evaluator = HeldOutLMEvaluator(
-        seq_len=plan.batch.seq_len, name="lm", batches=loader, labels=[EVAL_LABEL], device=device
+        seq_len=plan.batch.seq_len, name=HELDOUT_EVALUATOR, batches=loader, labels=[EVAL_LABEL], device=device
     )
     return HeldOutEvaluatorCallback(
         evaluators=[evaluator],

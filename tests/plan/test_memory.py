@@ -1,5 +1,6 @@
 """The plan's memory estimate: its terms, the GPU refusal with the cheapest change that fits,
-the CPU warning, and device capacities. (Its accuracy against measured peaks is a benchmark:
+the same refusal on CPUs, the estimate labelled with what it counts, and device capacities. (Its
+accuracy against measured peaks is a benchmark:
 ``benchmarks/memory_model.py``, recorded in ``benchmarks/results/memory_model.md``.)"""
 
 from __future__ import annotations
@@ -79,24 +80,20 @@ def test_fsdp_shards_the_model_state_and_checkpointing_cuts_activations(tmp_path
     assert longer.activations > ddp.activations
 
 
-def test_on_cpus_too_little_ram_is_a_warning_not_a_refusal(tmp_path) -> None:
-    p = plan(tmp_path, "infra.nproc_per_node=1", "model=olmo3_1b")
+def test_on_cpus_an_estimate_over_the_ram_share_is_refused_with_the_cheapest_change(tmp_path) -> None:
+    """The kernel would kill the workers: refused as on a GPU, with the change that fits."""
+    p = plan(tmp_path, "infra.nproc_per_node=1", "data.seq_len=1024")
     base = _estimate(p)
-    small = dataclasses.replace(p.world, device_memory_gib=1.0)
-    warnings = memory.check(base, p.run, p.mesh, small, p.params.total, p.vocab_size, p.dtypes.param)
-    assert len(warnings) == 1 and f"estimated peak {memory.gib(base.peak)} per process" in warnings[0]
-    assert (
-        memory.check(
-            base,
-            p.run,
-            p.mesh,
-            dataclasses.replace(small, device_memory_gib=1e6),
-            p.params.total,
-            p.vocab_size,
-            "float32",
-        )
-        == []
-    )
+    small = dataclasses.replace(p.world, device_memory_gib=(base.peak - base.activations / 2) / memory.GIB)
+    with pytest.raises(ConfigError, match="cheapest change that fits: trainer.activation_checkpointing=full") as info:
+        memory.check(base, p.run, p.mesh, small, p.params.total, p.vocab_size, p.dtypes.param)
+    assert info.value.field == "memory" and f"estimated peak {memory.gib(base.peak)} per process" in str(info.value)
+    roomy = dataclasses.replace(small, device_memory_gib=1e6)
+    assert memory.check(base, p.run, p.mesh, roomy, p.params.total, p.vocab_size, "float32") == []
+    rows = dict(p.sections["memory"])  # what the estimate counts, and what a run's peak is compared as
+    assert rows["estimated peak"].startswith(f"{memory.gib(base.peak)} live tensors of ")
+    assert memory.peak_of(p.sections["memory"]) == pytest.approx(base.peak, rel=0.01)
+    assert rows["measured as"].startswith("process RSS above its start")
 
 
 @pytest.mark.parametrize(

@@ -84,9 +84,13 @@ def test_a_step_is_marked_skipped_only_where_the_guard_said_so(tmp_path):
     cb.log_metrics(1, {"train/CE loss": 4.0, "olmx/non-finite step": float("-inf")})
     cb.log_metrics(2, {"olmx/non-finite step": 1.0})
     cb.log_metrics(3, {"train/CE loss": 3.0})
+    cb.log_metrics(3, {"checkpoint/save_duration_s": 0.5})  # a checkpoint step's second flush
+    cb.close()  # the last step's record is written once its flushes are in
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"], r.get("skipped", False)) for r in records] == [
         (1, 4.0, False),
         (2, None, True),
         (3, 3.0, False),
     ]
+    assert records[0]["olmx/non-finite step"] is None  # -inf: JSON has none
+    assert records[2]["checkpoint/save_duration_s"] == 0.5 and records[2]["tokens"] == 30  # one record a step

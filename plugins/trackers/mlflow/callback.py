@@ -4,25 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import dataclass, field
-from numbers import Real
 from pathlib import Path
 from typing import Any
 
 from olmo_core.train.callbacks import Callback
 
-#: Characters MLflow accepts in metric and parameter names; others become ``_``.
-_REFUSED = re.compile(r"[^\w./\- ]")
+from olmx.metrics import canonical, mlflow_name
+
 #: MLflow's limits: parameters per ``log_batch`` call and characters of a parameter value.
 _PARAMS_PER_BATCH = 100
 _PARAM_CHARS = 6000
-
-
-def mlflow_name(name: str) -> str:
-    """``name`` with the characters MLflow refuses replaced by ``_``."""
-    return _REFUSED.sub("_", name)
 
 
 def flat_params(data: Any, prefix: str = "") -> dict[str, str]:
@@ -41,8 +34,11 @@ class MLflowCallback(Callback):
     """Writes every logged metric at its step, the config as parameters and files, the plan as a
     file, and the run's end state (FINISHED at the last step, KILLED when stopped, FAILED)."""
 
-    #: MLflow tracking URI (a ``file:`` store or a server).
+    #: MLflow tracking URI (a ``sqlite:`` database or a server).
     tracking_uri: str = ""
+    #: Where a new experiment keeps its runs' artifacts (a ``file:`` URI; empty: the store's choice,
+    #: a server's).
+    artifact_location: str = ""
     #: Experiment name.
     experiment: str = "olmx"
     #: Run name.
@@ -64,9 +60,7 @@ class MLflowCallback(Callback):
 
     def pre_train(self) -> None:
         """Open (or, resuming, reopen) the run; log the config and the plan."""
-        # MLflow 3 keeps file stores in maintenance mode and refuses them unless asked; its usage
-        # telemetry would be the only network traffic of an offline run
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        # MLflow's usage telemetry would be the only network traffic of an offline run
         os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
         os.environ["DO_NOT_TRACK"] = "true"
         from mlflow import MlflowClient
@@ -78,7 +72,10 @@ class MLflowCallback(Callback):
             client.update_run(kept, status="RUNNING")
             return
         exp = client.get_experiment_by_name(self.experiment)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(self.experiment)
+        if exp is not None:
+            exp_id = exp.experiment_id
+        else:
+            exp_id = client.create_experiment(self.experiment, artifact_location=self.artifact_location or None)
         run = client.create_run(exp_id, run_name=self.run_name, tags=dict(self.tags))
         self._run_id = run.info.run_id
         run_file = Path(self.run_file)
@@ -113,17 +110,14 @@ class MLflowCallback(Callback):
         return run_id
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """Every numeric metric of the step, under its MLflow-safe name."""
+        """Every numeric metric of the step under the run's name (:func:`olmx.metrics.canonical`:
+        ``metrics.jsonl``'s), with the one substitution MLflow needs (:func:`olmx.metrics.mlflow_name`)."""
         if not self._run_id:
             return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [
-            Metric(mlflow_name(name), float(value), now, step)
-            for name, value in metrics.items()
-            if isinstance(value, Real) and not isinstance(value, bool)
-        ]
+        batch = [Metric(mlflow_name(name), value, now, step) for name, value in canonical(metrics).items()]
         if batch:
             self._client.log_batch(self._run_id, metrics=batch)
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Any
 
 from olmo_core.train.callbacks import Callback
+
+from olmx.metrics import canonical
 
 
 @dataclass
@@ -35,12 +36,12 @@ class TensorBoardCallback(Callback):
         self._writer.flush()
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """Every numeric metric of the step, under the trainer's name for it."""
+        """Every numeric metric of the step under the run's name (:func:`olmx.metrics.canonical`:
+        ``metrics.jsonl``'s)."""
         if self._writer is None:
             return
-        for name, value in metrics.items():
-            if isinstance(value, Real) and not isinstance(value, bool):
-                self._writer.add_scalar(name, float(value), global_step=step)
+        for name, value in canonical(metrics).items():
+            self._writer.add_scalar(name, value, global_step=step)
 
     def post_train(self) -> None:
         """Write what is pending (the trainer also calls this when it stops early)."""

@@ -9,10 +9,12 @@ from typing import Optional
 
 from olmo_core.train.callbacks.wandb import WandBCallback
 
+from olmx.metrics import canonical
+
 
 @dataclass
 class OlmxWandBCallback(WandBCallback):
-    """OLMo-core's ``WandBCallback`` (metrics of every logged step, finish, failure) opened in a
+    """OLMo-core's ``WandBCallback`` (metrics of every logged step under the run's names, finish, failure) opened in a
     chosen mode and folder: OLMo-core's own ``pre_train`` requires ``WANDB_API_KEY`` even offline
     and leaves the mode to the environment; its ``finalize`` passes ``quiet``, which recent ``wandb``
     releases (0.31) no longer take."""
@@ -49,6 +51,11 @@ class OlmxWandBCallback(WandBCallback):
             config=self.config,
             settings=settings,
         )
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Every numeric metric of the step under the run's name (:func:`olmx.metrics.canonical`:
+        ``metrics.jsonl``'s)."""
+        super().log_metrics(step, canonical(metrics))
 
     def finalize(self, exit_code: int = 0) -> None:
         """Finish the W&B run once (``exit_code`` > 0: failed)."""

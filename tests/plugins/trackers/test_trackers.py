@@ -1,6 +1,8 @@
 """Trackers (``trackers=[...]``): real training runs through the real CLI, read back with the
 trackers' own file formats.
 
+* one vocabulary (:mod:`olmx.metrics`): TensorBoard's, MLflow's and W&B's metric names are
+  ``metrics.jsonl``'s (MLflow's after its one substitution), with the same values;
 * tensorboard: the event files hold every step's training loss equal to ``metrics.jsonl``'s,
   the config and the plan as text; a resume after a lost checkpoint shows each step once;
 * a third-party tracker registered through an entry point records the same metrics, on rank 0
@@ -8,10 +10,11 @@ trackers' own file formats.
 * wandb offline: its offline run holds the metrics and the config, no key is needed, and no
   connection is made (a local listener stands in for the W&B server and every proxy);
   online without a key is refused by the plan (exit 2);
-* mlflow: the run in RUN_DIR/mlruns, read back with MLflow's own client, holds every step's
-  loss, the config as parameters and the config and plan as files; a resume continues the same
-  MLflow run; no connection is made; a tracking URI with credentials or of another kind is
-  refused by the plan.
+* mlflow: the run in RUN_DIR/mlflow.db (SQLite), read back with MLflow 3's own client as the
+  README prints it (no MLFLOW_ALLOW_FILE_STORE), holds every step's loss, the config as
+  parameters and the config and plan as files in RUN_DIR/mlartifacts; ``mlflow server`` on it
+  serves the run on loopback; a resume continues the same MLflow run; no connection is made; a
+  tracking URI with credentials, a file store or another kind is refused by the plan.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from olmx.metrics import mlflow_name
 from tests.conftest import make_dist, olmx_cli
 from tests.test_cli import modules_after
 from tests.test_training import SMALL, train
@@ -129,20 +133,88 @@ def network_trap(monkeypatch):
     server.close()
 
 
-def mlflow_history(run_dir: Path, metric: str) -> tuple[list, dict[int, list[float]]]:
-    """The MLflow runs in ``RUN_DIR/mlruns`` (MLflow's client) and one metric's points by step,
-    in the order logged."""
+def mlflow_client(run_dir: Path):
+    """MLflow's client on the run's store, as the README prints it."""
     import os
 
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ  # no opt-out of MLflow 3's file-store refusal
+    return MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
+
+
+def mlflow_history(run_dir: Path, metric: str) -> tuple[list, dict[int, list[float]]]:
+    """The MLflow runs in ``RUN_DIR/mlflow.db`` (MLflow's client) and one metric's points by
+    step, in the order logged."""
+    client = mlflow_client(run_dir)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     points: dict[int, list[float]] = {}
     for m in sorted(client.get_metric_history(runs[0].info.run_id, metric), key=lambda m: m.timestamp):
         points.setdefault(m.step, []).append(m.value)
     return runs, points
+
+
+def mlflow_ui_run(run_dir: Path, run_id: str) -> dict:
+    """The run as ``mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlflow.db`` serves it (its REST
+    API on a loopback port; the server is stopped, with every process it started, before this returns)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mlflow = Path(sys.executable).with_name("mlflow")
+    cmd = [str(mlflow), "ui", "--backend-store-uri", f"sqlite:///{run_dir}/mlflow.db", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--workers", "1"]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    server = subprocess.Popen(cmd, env=env, start_new_session=True, **quiet)
+    url = f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/get?run_id={run_id}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with opener.open(url, timeout=5) as response:
+                    return json.loads(response.read())["run"]
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "mlflow ui did not serve the run"
+                time.sleep(0.5)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def jsonl_metrics(run_dir: Path) -> dict[str, dict[int, float]]:
+    """``metrics.jsonl``'s metrics: name -> step -> value (``step``, ``time``, ``skipped`` and
+    nulls left out: what a tracker records)."""
+    out: dict[str, dict[int, float]] = {}
+    for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
+        for k, v in r.items():
+            if k not in ("step", "time", "skipped") and v is not None:
+                out.setdefault(k, {})[r["step"]] = v
+    return out
+
+
+def tensorboard_metrics(log_dir: Path) -> dict[str, dict[int, float]]:
+    """Every scalar in the event files: tag -> step -> value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def same_metrics(got: dict[str, dict[int, float]], want: dict[str, dict[int, float]], rename=lambda n: n) -> None:
+    """``got`` (a tracker's) has exactly ``want``'s names (metrics.jsonl's, renamed) and values."""
+    assert sorted(got) == sorted(rename(n) for n in want)
+    for name, points in want.items():
+        recorded = got[rename(name)]
+        assert {s: recorded[s] for s in points} == pytest.approx(points, rel=1e-6, abs=1e-6), name
 
 
 def test_tensorboard_mlflow_and_a_third_party_tracker_record_the_training_loss(
@@ -157,15 +229,21 @@ def test_tensorboard_mlflow_and_a_third_party_tracker_record_the_training_loss(
     tb = run_dir / "tensorboard"
     want = loss_by_step(run_dir)
     assert sorted(want) == [1, 2, 3, 4]
-    assert scalars(tb, "train/CE loss") == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(want.items())]
-    assert [s for s, _ in scalars(tb, "optim/LR (group 0)")] == [1, 2, 3, 4]
+    assert scalars(tb, "loss") == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(want.items())]
+    assert [s for s, _ in scalars(tb, "lr")] == [1, 2, 3, 4]
+    # One vocabulary: TensorBoard and MLflow record metrics.jsonl's names and values.
+    logged = jsonl_metrics(run_dir)
+    assert {"loss", "lr", "eval/loss", "eval/perplexity", "tokens", "peak_mem_mib", "optim/total grad norm"} <= set(
+        logged
+    )
+    same_metrics(tensorboard_metrics(tb), logged)
     # One held-out loss: trackers get the number metrics.jsonl and the progress line show
     # (they got OLMo-core's, (seq_len - 1) / seq_len of it; tests/worker/test_eval.py checks the value
     # against a one-process evaluation of the checkpoint).
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     held = {r["step"]: r["eval/loss"] for r in map(json.loads, lines) if "eval/loss" in r}
     assert sorted(held) == [4]
-    assert scalars(tb, "eval/lm/heldout/CE loss") == [(4, pytest.approx(held[4], rel=1e-6))]
+    assert scalars(tb, "eval/loss") == [(4, pytest.approx(held[4], rel=1e-6))]
     [(step, config)] = texts(tb, "olmx/config")
     assert step == 0 and "trackers:\n      tensorboard:" in config and "max_steps: 4" in config
     [(_, plan)] = texts(tb, "olmx/plan")
@@ -178,14 +256,19 @@ def test_tensorboard_mlflow_and_a_third_party_tracker_record_the_training_loss(
     assert {r["step"]: r["train/CE loss"] for r in records if "train/CE loss" in r} == want
     assert all("optim/LR (group 0)" in r for r in records if "train/CE loss" in r)
 
-    # MLflow: one run in RUN_DIR/mlruns, read back with MLflow's own client.
-    [run], points = mlflow_history(run_dir, "train/CE loss")
+    # MLflow: one run in RUN_DIR/mlflow.db, read back with MLflow's own client.
+    [run], points = mlflow_history(run_dir, "loss")
     assert {s: v for s, (v,) in points.items()} == pytest.approx(want, rel=1e-6)
     assert (run.info.run_name, run.info.status, run.data.tags["team"]) == ("run", "FINISHED", "nlp")
     assert run.data.params["trainer.max_steps"] == "4" and run.data.params["trackers.mlflow.experiment"] == "olmx"
-    assert "optim/LR _group 0_" in run.data.metrics  # MLflow refuses parentheses in names
-    assert run.data.metrics["eval/lm/heldout/CE loss"] == pytest.approx(held[4], rel=1e-6)
+    client = mlflow_client(run_dir)
+    recorded = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in run.data.metrics}
+    same_metrics(recorded, logged, rename=mlflow_name)
+    assert run.data.metrics["eval/loss"] == pytest.approx(held[4], rel=1e-6)
     artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert artifacts.is_relative_to(run_dir / "mlartifacts")
+    served = mlflow_ui_run(run_dir, run.info.run_id)  # `mlflow ui` on the store, as the README says
+    assert served["info"]["run_name"] == "run" and any(m["key"] == "loss" for m in served["data"]["metrics"])
     assert "max_steps: 4" in (artifacts / "olmx" / "config.yaml").read_text()
     assert "| world | 2 processes" in (artifacts / "olmx" / "plan.md").read_text()
 
@@ -198,10 +281,10 @@ def test_tensorboard_mlflow_and_a_third_party_tracker_record_the_training_loss(
     again = loss_by_step(run_dir)
     assert sorted(again) == [1, 2, 3, 4]
     assert len(list(tb.glob("events.out.tfevents.*"))) == 2  # a new file; the first one is kept
-    assert scalars(tb, "train/CE loss") == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(again.items())]
+    assert scalars(tb, "loss") == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(again.items())]
     assert [s for s, _ in texts(tb, "olmx/plan")] == [0, 2]  # each attempt's plan, at its start
     # MLflow: the same run, continued; steps 3-4 logged by both attempts, the resumed one last
-    [resumed], points = mlflow_history(run_dir, "train/CE loss")
+    [resumed], points = mlflow_history(run_dir, "loss")
     assert (resumed.info.run_id, resumed.info.status) == (run.info.run_id, "FINISHED")
     assert [len(points[s]) for s in (1, 2, 3, 4)] == [1, 1, 2, 2]
     assert {s: v[-1] for s, v in points.items()} == pytest.approx(again, rel=1e-6)
@@ -303,8 +386,15 @@ def test_wandb_offline_records_the_run_and_touches_no_network(tmp_path, cache, m
         for r in records
         if r.WhichOneof("record_type") == "history"
     ]
-    logged = {h["_step"]: h["train/CE loss"] for h in history if "train/CE loss" in h}
+    logged = {h["_step"]: h["loss"] for h in history if "loss" in h}
     assert logged == loss_by_step(run_dir)
+    # One vocabulary: W&B's metric names and values are metrics.jsonl's.
+    recorded: dict[str, dict[int, float]] = {}
+    for h in history:
+        for k, v in h.items():
+            if not k.startswith("_"):  # W&B's own (_step, _runtime, _timestamp)
+                recorded.setdefault(k, {})[h["_step"]] = v
+    same_metrics(recorded, jsonl_metrics(run_dir))
     assert any(r.WhichOneof("record_type") == "exit" for r in records)  # finished
 
 
@@ -312,7 +402,9 @@ def test_wandb_offline_records_the_run_and_touches_no_network(tmp_path, cache, m
     ("uri", "text"),
     [
         ("https://alice:s3cret-pw@mlflow.example.com", "holds credentials"),
-        ("sqlite:///m.db", "'sqlite:' is not a store olmx writes to"),
+        ("postgresql://db.example.com/mlflow", "'postgresql:' is not a store olmx writes to"),
+        ("file:/shared/mlruns", "is a file store, which MLflow 3 keeps in maintenance mode"),
+        ("mlruns", "use a SQLite store, its recommended local one: sqlite:///PATH/mlflow.db"),
         ("https://", "names no host"),
     ],
 )
@@ -324,10 +416,28 @@ def test_mlflow_tracking_uris_that_cannot_work_are_refused_by_the_plan(tmp_path,
     assert not (tmp_path / "r").exists()  # nothing written
 
 
-def test_mlflow_stores_are_absolute_file_uris_or_the_server():
-    from olmx_plugins.trackers.mlflow.plugin import store_uri
+def test_mlflow_stores_are_absolute_sqlite_files_or_the_server():
+    from olmx_plugins.trackers.mlflow.plugin import artifact_location, store_uri
 
-    assert store_uri("/runs/a", None) == "file:///runs/a/mlruns"
-    assert store_uri("/runs/a", "file:/shared/mlruns") == "file:///shared/mlruns"
-    assert store_uri("/runs/a", "elsewhere") == "file:///runs/a/elsewhere"
+    assert store_uri("/runs/a", None) == "sqlite:////runs/a/mlflow.db"
+    assert store_uri("/runs/a", "sqlite:////shared/mlflow.db") == "sqlite:////shared/mlflow.db"
+    assert store_uri("/runs/a", "sqlite:///elsewhere.db") == "sqlite:////runs/a/elsewhere.db"
     assert store_uri("/runs/a", "https://mlflow.example.com") == "https://mlflow.example.com"
+    assert artifact_location("sqlite:////runs/a/mlflow.db") == "file:///runs/a/mlartifacts"
+    assert artifact_location("https://mlflow.example.com") == ""
+
+
+def test_one_metric_vocabulary_and_mlflows_one_substitution():
+    from olmx.metrics import canonical, mlflow_name
+
+    trainer = {"train/CE loss": 2.5, "optim/LR (group 0)": 1e-3, "eval/lm/heldout/CE loss": 3.0, "flag": True}
+    trainer |= {"eval/downstream/copa (accuracy)": 0.5, "train/Z loss": 0.1}
+    assert canonical(trainer) == {
+        "loss": 2.5,
+        "lr": 1e-3,
+        "eval/loss": 3.0,
+        "eval/downstream/copa (accuracy)": 0.5,
+        "train/Z loss": 0.1,
+    }
+    assert mlflow_name("eval/downstream/copa (accuracy)") == "eval/downstream/copa _accuracy_"
+    assert mlflow_name("optim/total grad norm") == "optim/total grad norm"  # allowed as it is
