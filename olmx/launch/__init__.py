@@ -7,7 +7,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,8 @@ from olmx.rundir import RunDir
 __all__ = [
     "TorchrunConfig",
     "torchrun_env",
+    "threads_env",
+    "SHARE_CORES_ENV",
     "torchrun_flags",
     "parent_death_preexec",
     "worker_command",
@@ -62,6 +64,22 @@ def torchrun_env(cfg: TorchrunConfig) -> dict[str, str]:
     if cfg.max_restarts > 0:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
+
+
+#: Set by a launcher when the user left ``OMP_NUM_THREADS`` unset: each worker then gives
+#: itself ``cores / local processes`` threads (:func:`olmx.worker.run.share_cores`).
+SHARE_CORES_ENV = "OLMX_SHARE_CORES"
+
+
+def threads_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a launcher adds to torchrun's environment ``environ`` for the workers' threads:
+    nothing when the user set ``OMP_NUM_THREADS`` (every worker keeps it); otherwise
+    :data:`SHARE_CORES_ENV`, so each worker takes ``cores / local processes``, and
+    ``OMP_NUM_THREADS=1`` for torchrun itself (which would otherwise set that for the workers,
+    with a warning, and hide that the user had not)."""
+    if "OMP_NUM_THREADS" in environ:
+        return {}
+    return {"OMP_NUM_THREADS": "1", SHARE_CORES_ENV: "1"}
 
 
 def torchrun_flags(cfg: TorchrunConfig, run_dir: str | Path) -> list[str]:

@@ -14,17 +14,35 @@ import os
 from pathlib import Path
 from typing import Any
 
+from olmx.launch import SHARE_CORES_ENV
 from olmx.plan import Plan
 
 
-def _share_cores(procs_per_node: int) -> None:
-    """Give each CPU process its share of the cores (an inherited OMP_NUM_THREADS=8 on a
-    2-core machine makes two processes fight over them)."""
+def share_cores(procs_per_node: int, environ: dict[str, str], cores: int | None = None) -> tuple[int, str]:
+    """This worker's thread count and where it comes from: the user's ``OMP_NUM_THREADS``
+    where they set it (kept), else ``cores / local processes`` (at least 1), so that processes
+    on one machine do not fight over its cores. The user's setting is one a launcher did not
+    mark as left to olmx (:func:`olmx.launch.threads_env`: torchrun sets 1 where it is unset)."""
+    value = environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0 and environ.get(SHARE_CORES_ENV) != "1":
+        return int(value), "OMP_NUM_THREADS set by the user"
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // procs_per_node), f"{cores} cores / {procs_per_node} local processes"
+
+
+def _set_threads(procs_per_node: int) -> str:
+    """Apply :func:`share_cores` (before OLMo-core's set-up, which would otherwise say it keeps
+    an ``OMP_NUM_THREADS`` of '8': its own default, printed as if it were the value it found)."""
+    import logging
+
     import torch
 
-    threads = max(1, (os.cpu_count() or 1) // procs_per_node)
+    threads, source = share_cores(procs_per_node, dict(os.environ))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
+    skip = "Will skip setting env var 'OMP_NUM_THREADS'"
+    logging.getLogger("olmo_core.utils").addFilter(lambda r: not str(r.msg).startswith(skip))
+    return f"{threads} thread(s) per process ({source})"
 
 
 def restart_attempt() -> int:
@@ -91,9 +109,15 @@ def _run(plan_path: str | Path) -> int:
     from olmx.worker.train import build_trainer, reset_run_dir
 
     backend = "gloo" if plan.world.device == "cpu" else "cpu:gloo,cuda:nccl"
-    if plan.world.device == "cpu":
-        _share_cores(plan.world.nproc_per_node)
+    threads = _set_threads(plan.world.nproc_per_node)
     prepare_training_environment(seed=run.trainer.seed, backend=backend, shared_filesystem=True)
+    if get_rank() == 0:
+        import logging
+
+        logging.getLogger(__name__).info(threads)
+    from olmx.worker.callbacks import rss_mib
+
+    base_rss = rss_mib() if plan.world.device == "cpu" else None  # before the model: torch, OLMo-core
     try:
         attempt, rank0 = restart_attempt(), get_rank() == 0
         fresh = not run.trainer.resume and attempt == 0  # an elastic restart always resumes
@@ -110,6 +134,7 @@ def _run(plan_path: str | Path) -> int:
 
             initialised_from = load_init_from(trainer.train_module.model, plan)
         trainer.callbacks["olmx_metrics"].resumed_from = step
+        trainer.callbacks["olmx_metrics"].base_rss_mib = base_rss
         if rank0:
             truncate_metrics(plan.run_dir, step)
             more = {"init_from": initialised_from} if initialised_from else {}

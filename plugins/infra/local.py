@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from olmx.api import InfraPlugin, World, setting
 from olmx.errors import ConfigError, RunFailed
-from olmx.launch import TorchrunConfig, torchrun_env
+from olmx.launch import TorchrunConfig, threads_env, torchrun_env
 from olmx.rundir import RunDir
 
 
@@ -138,7 +138,7 @@ class LocalInfra(InfraPlugin):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = log_path.stat().st_size if log_path.exists() else 0
         launch_id, started = uuid.uuid4().hex[:12], time.time()
-        env = {**torchrun_env(cfg), **os.environ, LAUNCH_ENV: launch_id}
+        env = {**torchrun_env(cfg), **threads_env(os.environ), **os.environ, LAUNCH_ENV: launch_id}
         console = make_console(stderr=True)
         interrupted = False
         with open(log_path, "ab") as log:

@@ -18,3 +18,34 @@ def test_gpu_workers_keep_olmo_cores_per_rank_triton_cache():
     assert "OLMO_DISABLE_PER_RANK_TRITON_CACHE" not in worker_environment("cuda", {})
     assert worker_environment("cpu", {})["OLMO_DISABLE_PER_RANK_TRITON_CACHE"] == "1"
     assert worker_environment("cpu", {"OLMO_SHARED_FS": "0"}) == {"OLMO_DISABLE_PER_RANK_TRITON_CACHE": "1"}
+
+
+def test_workers_share_the_cores_unless_the_user_set_omp_num_threads():
+    from olmx.launch import SHARE_CORES_ENV, threads_env
+    from olmx.worker.run import share_cores
+
+    # olmx train with OMP_NUM_THREADS unset: the launcher marks it (and gives torchrun 1, so that
+    # torchrun neither warns nor hides that the user set nothing); each worker takes its share
+    launched = {**threads_env({}), "OMP_NUM_THREADS": "1"}  # what torchrun passes on
+    assert launched[SHARE_CORES_ENV] == "1"
+    assert share_cores(2, launched, cores=2) == (1, "2 cores / 2 local processes")
+    assert share_cores(4, launched, cores=16) == (4, "16 cores / 4 local processes")
+    assert share_cores(4, {}, cores=2) == (1, "2 cores / 4 local processes")  # never 0; no launcher: the same
+    # the user's OMP_NUM_THREADS is kept (torchrun passes it on unchanged)
+    assert threads_env({"OMP_NUM_THREADS": "1"}) == {}
+    assert share_cores(2, {"OMP_NUM_THREADS": "1"}, cores=2) == (1, "OMP_NUM_THREADS set by the user")
+    assert share_cores(2, {"OMP_NUM_THREADS": "3"}, cores=2) == (3, "OMP_NUM_THREADS set by the user")
+
+
+def test_a_users_omp_num_threads_reaches_the_workers_and_nothing_says_8(tmp_path):
+    """A real 2-process run with OMP_NUM_THREADS=3 exported: each worker runs 3 threads, says so
+    once, and OLMo-core's misleading "already set to '8'" (its own default) is gone."""
+    from tests.conftest import olmx_cli
+    from tests.test_training import SMALL
+
+    run_dir = tmp_path / "run"
+    proc = olmx_cli("train", *SMALL, "trainer.max_steps=1", f"trainer.run_dir={run_dir}", env={"OMP_NUM_THREADS": "3"})
+    log = (run_dir / "logs" / "node0.log").read_text()
+    assert proc.returncode == 0, proc.stdout + proc.stderr + log[-3000:]
+    assert log.count("3 thread(s) per process (OMP_NUM_THREADS set by the user)") == 1  # rank 0 says it
+    assert "already set to '8'" not in log and "Setting OMP_NUM_THREADS environment variable" not in log
