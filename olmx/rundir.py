@@ -259,17 +259,6 @@ class RunDir:
         self.checkpoints.rename(dest)
         return dest
 
-    def saved_config(self) -> dict[str, Any] | None:
-        """The ``config`` section of the saved ``plan.yaml`` as plain data (None: no readable plan)."""
-        import yaml
-
-        try:
-            data = yaml.safe_load(self.plan.read_text())
-        except (OSError, yaml.YAMLError):
-            return None
-        config = data.get("config") if isinstance(data, dict) else None
-        return config if isinstance(config, dict) else None
-
     # -- one writer: the lock ------------------------------------------------------------------
 
     @property

@@ -15,7 +15,8 @@ from tests.conftest import olmx_cli
 def _run(root: Path, name: str, *, max_steps: int = 10, steps: int = 0, plan: str | None = None) -> Path:
     path = root / name
     (path / "checkpoints").mkdir(parents=True)
-    (path / "plan.yaml").write_text(plan if plan is not None else f"config:\n  trainer:\n    max_steps: {max_steps}\n")
+    saved = f"config:\n  trainer:\n    max_steps: {max_steps}\nolmx_version: 0.1.0\n"  # a plan file ends so
+    (path / "plan.yaml").write_text(plan if plan is not None else saved)
     lines = [json.dumps({"step": s, "loss": 5.0 - s / 10, "tokens": 512 * s}) for s in range(1, steps + 1)]
     (path / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines))
     return path

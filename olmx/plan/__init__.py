@@ -163,14 +163,12 @@ class Plan:
         return from_data(cls, {**data, "run": run, "decisions": decisions})
 
     def save(self) -> Path:
-        """Write ``plan.yaml`` atomically into the run directory."""
-        import yaml
-
-        from olmx.writable import write_text_atomic
+        """Write ``plan.yaml`` atomically into the run directory (:func:`olmx.plan.codec.write_plan_file`)."""
+        from olmx.plan.codec import write_plan_file
 
         path = self.plan_path
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+        write_plan_file(path, self.to_dict())
         return path
 
     @classmethod
@@ -178,40 +176,12 @@ class Plan:
         """Read a saved plan. A missing, unreadable, empty, binary, truncated or otherwise
         invalid file raises ``ConfigError("PLAN", ...)`` saying which (the CLI prints one
         line and exits 2)."""
-        import yaml
-
         from olmx import __version__
         from olmx.errors import ConfigError
-        from olmx.plan.codec import PlanDataError
+        from olmx.plan.codec import PlanDataError, read_plan_file
 
         p = Path(path)
-        again = "write it again with olmx train"
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError("PLAN", f"'{p}' does not exist (olmx train writes RUN_DIR/{PLAN_FILE})") from None
-        except IsADirectoryError:
-            raise ConfigError("PLAN", f"'{p}' is a directory, not a {PLAN_FILE}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(
-                "PLAN", f"'{p}' is not a text file (a {PLAN_FILE} is YAML written by olmx train)"
-            ) from None
-        except OSError as exc:
-            raise ConfigError("PLAN", f"'{p}' cannot be read ({exc.strerror})") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            where = getattr(exc, "problem_mark", None)
-            at = f" at line {where.line + 1}" if where is not None else ""
-            problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise ConfigError("PLAN", f"'{p}' is not valid YAML ({problem}{at}); {again}") from None
-        if data is None or data == {}:
-            raise ConfigError("PLAN", f"'{p}' is empty; {again}")
-        if not isinstance(data, dict):
-            raise ConfigError("PLAN", f"'{p}' holds a {type(data).__name__}, not a plan; {again}")
-        # save() writes olmx_version last: without it the file was cut short.
-        if "olmx_version" not in data:
-            raise ConfigError("PLAN", f"'{p}' is truncated (it ends before olmx_version, its last key); {again}")
+        data = read_plan_file(p)
         try:
             return cls.from_dict(data, reg)
         except PlanDataError as exc:

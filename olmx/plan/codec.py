@@ -4,6 +4,11 @@
 plain YAML-safe data; :func:`from_data` builds the typed objects back from their type hints;
 :func:`run_from_data` re-types a run config's plugin sections with the plugins' ``Config``
 classes. No OmegaConf: a saved plan is read back exactly as it was written.
+
+:func:`write_plan_file` and :func:`read_plan_file` are the one way to and from the file: plain
+data as YAML, and back with a message that says what is wrong with a file that is no plan;
+:func:`saved_config` reads only the run config of a saved plan, as plain data, for what needs
+a field or two without the plugins (``olmx runs``, the resume check).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import dataclasses
 import types
 import typing
 from enum import Enum
+from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from olmx import rules
@@ -183,3 +189,62 @@ def decisions_from_data(data: Any, run: Any, reg: Any) -> dict[str, Any]:
         cls = typed.get(section)
         out[section] = from_data(cls, values, where=f"decisions.{section}") if cls is not None else values
     return out
+
+
+#: What a plan file's reader tells a user to do about a file it cannot read.
+_AGAIN = "write it again with olmx train"
+
+
+def write_plan_file(path: Path, data: dict[str, Any]) -> None:
+    """Write a plan's plain data (:meth:`olmx.plan.Plan.to_dict`) to ``path`` as YAML,
+    atomically, keys in their order (``olmx_version`` last: a file without it was cut short)."""
+    import yaml
+
+    from olmx.writable import write_text_atomic
+
+    write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))
+
+
+def read_plan_file(path: str | Path) -> dict[str, Any]:
+    """The plain data of a plan file. A missing, unreadable, empty, binary, truncated or otherwise
+    invalid file raises ``ConfigError("PLAN", ...)`` saying which (the CLI prints one line and
+    exits 2)."""
+    import yaml
+
+    from olmx.rundir import PLAN_FILE
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("PLAN", f"'{p}' does not exist (olmx train writes RUN_DIR/{PLAN_FILE})") from None
+    except IsADirectoryError:
+        raise ConfigError("PLAN", f"'{p}' is a directory, not a {PLAN_FILE}") from None
+    except UnicodeDecodeError:
+        raise ConfigError("PLAN", f"'{p}' is not a text file (a {PLAN_FILE} is YAML written by olmx train)") from None
+    except OSError as exc:
+        raise ConfigError("PLAN", f"'{p}' cannot be read ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ConfigError("PLAN", f"'{p}' is not valid YAML ({problem}{at}); {_AGAIN}") from None
+    if data is None or data == {}:
+        raise ConfigError("PLAN", f"'{p}' is empty; {_AGAIN}")
+    if not isinstance(data, dict):
+        raise ConfigError("PLAN", f"'{p}' holds a {type(data).__name__}, not a plan; {_AGAIN}")
+    if "olmx_version" not in data:
+        raise ConfigError("PLAN", f"'{p}' is truncated (it ends before olmx_version, its last key); {_AGAIN}")
+    return data
+
+
+def saved_config(path: str | Path) -> dict[str, Any] | None:
+    """The run config (``config``) of the plan file ``path`` as plain data, without the plugins;
+    None where there is no readable plan (missing, cut short, hand-broken)."""
+    try:
+        config = read_plan_file(path).get("config")
+    except ConfigError:
+        return None
+    return config if isinstance(config, dict) else None

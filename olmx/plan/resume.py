@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from olmx.errors import ConfigError
-from olmx.plan.codec import run_to_data
+from olmx.plan.codec import run_to_data, saved_config
 from olmx.rundir import RunDir
 
 #: Sections of the config a checkpoint was trained with that must match to resume from it
@@ -64,7 +64,7 @@ def check_resume(run: Any, run_dir: str, resume_step: int) -> None:
     """:class:`ConfigError` (``trainer.resume``) when the model, layers or data of ``run_dir``'s
     saved plan differ from ``run``'s (the checkpoint could not be loaded, or would be trained
     on other data)."""
-    saved = RunDir(run_dir).saved_config()
+    saved = saved_config(RunDir(run_dir).plan)
     if saved is None:
         return
     differences = config_differences(saved, run_to_data(run))
@@ -79,7 +79,7 @@ def check_resume(run: Any, run_dir: str, resume_step: int) -> None:
 
 def resume_notes(plan: Any) -> list[str]:
     """Lines to print about what a resume changes (``trainer.max_steps``: the schedule)."""
-    saved = RunDir(plan.run_dir).saved_config()
+    saved = saved_config(RunDir(plan.run_dir).plan)
     t = plan.run.trainer
     old_max = ((saved or {}).get("trainer") or {}).get("max_steps")
     if old_max is None or old_max == t.max_steps:
