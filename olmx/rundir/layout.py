@@ -1,4 +1,5 @@
-"""The run directory: the one owner of its layout, its file names and the launch record.
+"""The run directory's layout: its file names, the paths and records of one run directory
+(:class:`RunDir`), the launch record, the ownership marker.
 
 ::
 
@@ -18,24 +19,6 @@
       .olmx-lock       held by the one ``olmx train`` that writes the run now (host, pid, start)
 
 Torch-free and cheap to import: launchers, the worker and the report all use it.
-
-**One writer per run directory.** ``olmx train`` takes :meth:`RunDir.acquire` before it
-writes anything (``plan.yaml`` included) and releases it when the launch returns. The lock is a
-file created with ``O_CREAT | O_EXCL``, which is atomic on local file systems and on the shared
-ones multi-node runs use (NFSv3 and later, Lustre, GPFS, BeeGFS, CephFS); it holds the
-holder's host, pid, process start time, boot id and pid namespace, and a token that the
-launcher puts into the environment of everything it starts (:data:`LOCK_ENV`). A lock is
-*stale* only when it was taken on this host (same host name, boot and pid namespace), its
-launcher is gone (or its pid now belongs to another process) and no process of this host
-carries its token (torchrun and workers still saving a checkpoint keep it held). A stale lock
-is taken over under a second ``O_EXCL`` file (``.olmx-lock.takeover``), so of two launchers
-that find the same stale lock only one takes it. A lock taken on another host cannot be
-probed from here: olmx refuses and says how to remove it.
-
-On Slurm and RunPod the batch job or the pod is what trains, and it outlives its launcher by
-design: the lock is held while ``olmx train`` submits and follows the run; a detached Slurm job
-(``infra.detach=true``) is not covered by it once ``olmx train`` has returned (``launch.json``
-and ``olmx jobs status|cancel RUN_DIR`` reach it).
 """
 
 from __future__ import annotations
@@ -44,41 +27,14 @@ import json
 import os
 import re
 import socket
-import sys
 import time
-import uuid
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from olmx.errors import ConfigError, LaunchError
+from olmx.rundir.lock import LOCK_ENV, Holder, RunLock, _busy_hint, _create_exclusive, _parse_holder, _read_holder
+from olmx.rundir.processes import process_alive, processes_with_env
 from olmx.writable import write_text_atomic
-
-#: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
-__all__ = [
-    "PLAN_FILE",
-    "METRICS_FILE",
-    "SUMMARY_FILE",
-    "EVENTS_FILE",
-    "LAUNCH_FILE",
-    "CHECKPOINTS",
-    "CHECKPOINT_MARK",
-    "LOGS",
-    "WORK",
-    "REPORT",
-    "PROFILE",
-    "MARKER_FILE",
-    "LOCK_FILE",
-    "LOCK_ENV",
-    "OLD_CHECKPOINTS",
-    "RunDir",
-    "process_start",
-    "process_alive",
-    "processes_with_env",
-    "Holder",
-    "RunLock",
-    "tail",
-]
 
 PLAN_FILE = "plan.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -96,9 +52,6 @@ REPORT = "report"
 PROFILE = "profile"
 MARKER_FILE = ".olmx-run"
 LOCK_FILE = ".olmx-lock"
-#: Environment variable carrying the run-directory lock's token into every process a launcher
-#: starts (torchrun, its workers): while one of them lives, the lock is held.
-LOCK_ENV = "OLMX_RUN_LOCK"
 #: Prefix of the folders ``trainer.resume=false`` moves earlier checkpoints into.
 OLD_CHECKPOINTS = "checkpoints.old-"
 #: Files olmx itself writes into a folder before it carries the marker.
@@ -345,194 +298,6 @@ class RunDir:
                 self.lock_file.unlink(missing_ok=True)
         finally:
             mutex.unlink(missing_ok=True)
-
-
-def _create_exclusive(path: Path, holder: Holder) -> bool:
-    """Create ``path`` with ``O_CREAT | O_EXCL`` holding ``holder``; False if it exists."""
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(asdict(holder)) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return True
-
-
-def _busy_hint(path: Path) -> str:
-    return (
-        f"Wait for it to end, follow it (olmx jobs status {path}) or stop it (olmx jobs cancel {path}); "
-        f"a second writer would interleave metrics.jsonl and overwrite the same checkpoints"
-    )
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/PID/stat`` after the command name (state is [0], start time [19])."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_start(pid: int) -> int | None:
-    """Start time of process ``pid`` in clock ticks after boot (None: unknown), which tells a
-    reused pid apart from the process recorded with it."""
-    fields = _proc_stat(pid)
-    try:
-        return int(fields[19]) if fields else None
-    except (IndexError, ValueError):
-        return None
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def _pid_namespace() -> str | None:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def process_alive(pid: int, start: int | None = None) -> bool:
-    """Whether process ``pid`` of this host runs (not a zombie) and, when ``start`` (its start
-    time in clock ticks after boot, ``/proc/PID/stat``) is given, is still the same process."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, as another user
-    fields = _proc_stat(pid)
-    if fields is None:
-        return sys.platform != "linux"  # no /proc: trust kill(pid, 0)
-    if fields[0] in ("Z", "X"):
-        return False
-    return start is None or int(fields[19]) == start
-
-
-def processes_with_env(name: str, value: str) -> list[int]:
-    """Pids of this host's processes (readable by this user) whose environment has ``name=value``."""
-    want = f"{name}={value}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        pid = int(entry.name)
-        if pid == os.getpid():
-            continue
-        try:
-            env = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if want in env.split(b"\0") and process_alive(pid):
-            found.append(pid)
-    return sorted(found)
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds (or held) a run directory's lock: what ``.olmx-lock`` records."""
-
-    #: Host name of the launcher.
-    host: str
-    #: Its pid there.
-    pid: int
-    #: When it took the lock (local time, ISO 8601).
-    started: str
-    #: Random token, also in :data:`LOCK_ENV` of every process the launcher started.
-    token: str
-    #: The command that took it.
-    command: str = "olmx train"
-    #: The launcher's start time in clock ticks after boot (tells a reused pid apart).
-    pid_start: int | None = None
-    #: The host's boot id (a lock from before a reboot is stale).
-    boot_id: str | None = None
-    #: The launcher's pid namespace (a container with the same host name is another host).
-    pid_ns: str | None = None
-
-    @classmethod
-    def current(cls, command: str = "olmx train") -> Holder:
-        """This process."""
-        return cls(
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            token=uuid.uuid4().hex,
-            command=command,
-            pid_start=process_start(os.getpid()),
-            boot_id=_boot_id(),
-            pid_ns=_pid_namespace(),
-        )
-
-    def describe(self) -> str:
-        """'olmx train (pid 123 on host h, started 2026-12-01T19:50:01+0000)'."""
-        return f"{self.command} (pid {self.pid} on host {self.host}, started {self.started})"
-
-    def on_this_host(self) -> bool:
-        """Same host name and pid namespace (where they are known)."""
-        if self.host != socket.gethostname():
-            return False
-        ns = _pid_namespace()
-        return self.pid_ns is None or ns is None or self.pid_ns == ns
-
-    def state(self) -> str:
-        """``alive`` (the launcher or a process it started runs), ``dead`` (none does), or
-        ``unknown`` (another host: its processes cannot be seen from here)."""
-        if self.host == "?":  # an unreadable lock: its writer died before it wrote it
-            return "dead"
-        if not self.on_this_host():
-            return "unknown"
-        boot = _boot_id()
-        if self.boot_id and boot and self.boot_id != boot:
-            return "dead"  # the host restarted since
-        if process_alive(self.pid, self.pid_start) or processes_with_env(LOCK_ENV, self.token):
-            return "alive"
-        return "dead"
-
-
-def _parse_holder(text: str) -> Holder | None:
-    try:
-        data = json.loads(text)
-        return Holder(**data)
-    except (ValueError, TypeError):
-        return None
-
-
-def _read_holder(path: Path) -> Holder | None:
-    try:
-        return _parse_holder(path.read_text())
-    except OSError:
-        return None
-
-
-@dataclass
-class RunLock:
-    """A held run-directory lock (:meth:`RunDir.acquire`); release it when the launch ends."""
-
-    path: Path
-    holder: Holder
-    #: The holder of the stale lock this one replaced, if any.
-    took_over: Holder | None = None
-
-    def release(self) -> None:
-        """Remove the lock if it is still this one's (idempotent)."""
-        current = _read_holder(self.path)
-        if current is not None and current.token == self.holder.token:
-            self.path.unlink(missing_ok=True)
-        if os.environ.get(LOCK_ENV) == self.holder.token:
-            del os.environ[LOCK_ENV]
-
-    def __enter__(self) -> RunLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def tail(path: str | os.PathLike[str], lines: int = 30) -> str:

@@ -1,0 +1,158 @@
+"""The run directory's lock: one writer per run directory.
+
+``olmx train`` takes :meth:`olmx.rundir.RunDir.acquire` before it
+writes anything (``plan.yaml`` included) and releases it when the launch returns. The lock is a
+file created with ``O_CREAT | O_EXCL``, which is atomic on local file systems and on the shared
+ones multi-node runs use (NFSv3 and later, Lustre, GPFS, BeeGFS, CephFS); it holds the
+holder's host, pid, process start time, boot id and pid namespace, and a token that the
+launcher puts into the environment of everything it starts (:data:`LOCK_ENV`). A lock is
+*stale* only when it was taken on this host (same host name, boot and pid namespace), its
+launcher is gone (or its pid now belongs to another process) and no process of this host
+carries its token (torchrun and workers still saving a checkpoint keep it held). A stale lock
+is taken over under a second ``O_EXCL`` file (``.olmx-lock.takeover``), so of two launchers
+that find the same stale lock only one takes it. A lock taken on another host cannot be
+probed from here: olmx refuses and says how to remove it.
+
+On Slurm and RunPod the batch job or the pod is what trains, and it outlives its launcher by
+design: the lock is held while ``olmx train`` submits and follows the run; a detached Slurm job
+(``infra.detach=true``) is not covered by it once ``olmx train`` has returned (``launch.json``
+and ``olmx jobs status|cancel RUN_DIR`` reach it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from olmx.rundir.processes import boot_id, pid_namespace, process_alive, process_start, processes_with_env
+
+__all__ = ["LOCK_ENV", "Holder", "RunLock"]
+
+#: Environment variable carrying the run-directory lock's token into every process a launcher
+#: starts (torchrun, its workers): while one of them lives, the lock is held.
+LOCK_ENV = "OLMX_RUN_LOCK"
+
+
+def _create_exclusive(path: Path, holder: Holder) -> bool:
+    """Create ``path`` with ``O_CREAT | O_EXCL`` holding ``holder``; False if it exists."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(asdict(holder)) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def _busy_hint(path: Path) -> str:
+    return (
+        f"Wait for it to end, follow it (olmx jobs status {path}) or stop it (olmx jobs cancel {path}); "
+        f"a second writer would interleave metrics.jsonl and overwrite the same checkpoints"
+    )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or held) a run directory's lock: what ``.olmx-lock`` records."""
+
+    #: Host name of the launcher.
+    host: str
+    #: Its pid there.
+    pid: int
+    #: When it took the lock (local time, ISO 8601).
+    started: str
+    #: Random token, also in :data:`LOCK_ENV` of every process the launcher started.
+    token: str
+    #: The command that took it.
+    command: str = "olmx train"
+    #: The launcher's start time in clock ticks after boot (tells a reused pid apart).
+    pid_start: int | None = None
+    #: The host's boot id (a lock from before a reboot is stale).
+    boot_id: str | None = None
+    #: The launcher's pid namespace (a container with the same host name is another host).
+    pid_ns: str | None = None
+
+    @classmethod
+    def current(cls, command: str = "olmx train") -> Holder:
+        """This process."""
+        return cls(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            token=uuid.uuid4().hex,
+            command=command,
+            pid_start=process_start(os.getpid()),
+            boot_id=boot_id(),
+            pid_ns=pid_namespace(),
+        )
+
+    def describe(self) -> str:
+        """'olmx train (pid 123 on host h, started 2026-12-01T19:50:01+0000)'."""
+        return f"{self.command} (pid {self.pid} on host {self.host}, started {self.started})"
+
+    def on_this_host(self) -> bool:
+        """Same host name and pid namespace (where they are known)."""
+        if self.host != socket.gethostname():
+            return False
+        ns = pid_namespace()
+        return self.pid_ns is None or ns is None or self.pid_ns == ns
+
+    def state(self) -> str:
+        """``alive`` (the launcher or a process it started runs), ``dead`` (none does), or
+        ``unknown`` (another host: its processes cannot be seen from here)."""
+        if self.host == "?":  # an unreadable lock: its writer died before it wrote it
+            return "dead"
+        if not self.on_this_host():
+            return "unknown"
+        boot = boot_id()
+        if self.boot_id and boot and self.boot_id != boot:
+            return "dead"  # the host restarted since
+        if process_alive(self.pid, self.pid_start) or processes_with_env(LOCK_ENV, self.token):
+            return "alive"
+        return "dead"
+
+
+def _parse_holder(text: str) -> Holder | None:
+    try:
+        data = json.loads(text)
+        return Holder(**data)
+    except (ValueError, TypeError):
+        return None
+
+
+def _read_holder(path: Path) -> Holder | None:
+    try:
+        return _parse_holder(path.read_text())
+    except OSError:
+        return None
+
+
+@dataclass
+class RunLock:
+    """A held run-directory lock (:meth:`RunDir.acquire`); release it when the launch ends."""
+
+    path: Path
+    holder: Holder
+    #: The holder of the stale lock this one replaced, if any.
+    took_over: Holder | None = None
+
+    def release(self) -> None:
+        """Remove the lock if it is still this one's (idempotent)."""
+        current = _read_holder(self.path)
+        if current is not None and current.token == self.holder.token:
+            self.path.unlink(missing_ok=True)
+        if os.environ.get(LOCK_ENV) == self.holder.token:
+            del os.environ[LOCK_ENV]
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
