@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from olmx.errors import ConfigError, LaunchError
-from olmx.rundir.lock import LOCK_ENV, Holder, RunLock, _busy_hint, _create_exclusive, _parse_holder, _read_holder
-from olmx.rundir.processes import process_alive, processes_with_env
+from olmx.rundir.lock import TAKEOVER_SUFFIX, Holder, RunLock, acquire, read_holder
 from olmx.writable import write_text_atomic
 
 PLAN_FILE = "plan.yaml"
@@ -55,7 +54,7 @@ LOCK_FILE = ".olmx-lock"
 #: Prefix of the folders ``trainer.resume=false`` moves earlier checkpoints into.
 OLD_CHECKPOINTS = "checkpoints.old-"
 #: Files olmx itself writes into a folder before it carries the marker.
-_OWN_FILES = {LOCK_FILE, LOCK_FILE + ".takeover"}
+_OWN_FILES = {LOCK_FILE, LOCK_FILE + TAKEOVER_SUFFIX}
 
 
 class RunDir:
@@ -221,83 +220,15 @@ class RunDir:
 
     def lock_holder(self) -> Holder | None:
         """Who holds the lock now (None: nobody, or a lock being written this instant)."""
-        return _read_holder(self.lock_file)
+        return read_holder(self.lock_file)
 
     def acquire(self, *, field: str = "trainer.run_dir", command: str = "olmx train") -> RunLock:
         """Take the run directory's lock (creating the folder), or raise :class:`ConfigError`
-        naming the holder. A stale lock (see the module documentation) is taken over; the
+        naming the holder (:func:`olmx.rundir.lock.acquire`). A stale lock is taken over; the
         returned lock says whose (:attr:`RunLock.took_over`). Puts the token into
         ``os.environ[LOCK_ENV]``, so that every process started from here holds the lock too."""
         self.path.mkdir(parents=True, exist_ok=True)
-        me = Holder.current(command)
-        took_over: Holder | None = None
-        for _ in range(5):
-            if _create_exclusive(self.lock_file, me):
-                os.environ[LOCK_ENV] = me.token
-                return RunLock(self.lock_file, me, took_over)
-            held = self._wait_readable()
-            if held is None:  # vanished: its holder released it; try again
-                continue
-            state = held.state()
-            if state == "alive":
-                who = held.describe()
-                if not process_alive(held.pid, held.pid_start):
-                    pids = ", ".join(map(str, processes_with_env(LOCK_ENV, held.token)))
-                    who += f", which is gone; processes it started still run (pids {pids}: stopping after a checkpoint)"
-                raise ConfigError(field, f"'{self.path}' is in use by {who}. {_busy_hint(self.path)}")
-            if state == "unknown":
-                raise ConfigError(
-                    field,
-                    f"'{self.path}' is locked by {held.describe()}, on another host (olmx cannot see its "
-                    f"processes from {me.host}). If no olmx train of this run is running there, remove "
-                    f"{self.lock_file} and run again",
-                )
-            self._take_over(held, me, field)
-            took_over = held
-        raise ConfigError(field, f"'{self.path}': could not take {self.lock_file}; other launchers keep taking it")
-
-    def _wait_readable(self, timeout: float = 2.0) -> Holder | None:
-        """The holder of an existing lock file; a file being written is waited for, one left
-        empty or torn (its writer died at once) counts as a holder that is gone."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                text = self.lock_file.read_text()
-            except FileNotFoundError:
-                return None
-            holder = _parse_holder(text)
-            if holder is not None:
-                return holder
-            if time.monotonic() > deadline:
-                return Holder(host="?", pid=0, started="?", token=f"torn-{text!r}", command="(unreadable lock)")
-            time.sleep(0.05)
-
-    def _take_over(self, stale: Holder, me: Holder, field: str) -> None:
-        """Remove ``stale``'s lock, holding ``.olmx-lock.takeover`` meanwhile (O_EXCL too): of
-        launchers that found the same stale lock, one removes it and creates its own; the others
-        then find that one's lock alive."""
-        mutex = self.path / (LOCK_FILE + ".takeover")
-        if not _create_exclusive(mutex, me):
-            other = _read_holder(mutex)
-            try:
-                old = time.time() - mutex.stat().st_mtime > 60
-            except FileNotFoundError:
-                return  # just released: look again
-            if old or (other is not None and other.state() == "dead"):  # its taker died in the middle
-                mutex.unlink(missing_ok=True)
-                return
-            if other is None:  # being written this instant
-                time.sleep(0.1)
-                return
-            raise ConfigError(
-                field, f"'{self.path}' is being taken over by {other.describe()}. {_busy_hint(self.path)}"
-            )
-        try:
-            current = _read_holder(self.lock_file)
-            if current is None or current.token == stale.token:
-                self.lock_file.unlink(missing_ok=True)
-        finally:
-            mutex.unlink(missing_ok=True)
+        return acquire(self.path, self.lock_file, field=field, command=command)
 
 
 def tail(path: str | os.PathLike[str], lines: int = 30) -> str:

@@ -29,13 +29,16 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from olmx.errors import ConfigError
 from olmx.rundir.processes import boot_id, pid_namespace, process_alive, process_start, processes_with_env
 
-__all__ = ["LOCK_ENV", "Holder", "RunLock"]
+__all__ = ["LOCK_ENV", "TAKEOVER_SUFFIX", "Holder", "RunLock", "acquire", "read_holder"]
 
 #: Environment variable carrying the run-directory lock's token into every process a launcher
 #: starts (torchrun, its workers): while one of them lives, the lock is held.
 LOCK_ENV = "OLMX_RUN_LOCK"
+#: The second ``O_EXCL`` file beside the lock, held while a stale lock is taken over.
+TAKEOVER_SUFFIX = ".takeover"
 
 
 def _create_exclusive(path: Path, holder: Holder) -> bool:
@@ -127,7 +130,8 @@ def _parse_holder(text: str) -> Holder | None:
         return None
 
 
-def _read_holder(path: Path) -> Holder | None:
+def read_holder(path: Path) -> Holder | None:
+    """The holder a lock file records (None: no file, or one being written)."""
     try:
         return _parse_holder(path.read_text())
     except OSError:
@@ -145,7 +149,7 @@ class RunLock:
 
     def release(self) -> None:
         """Remove the lock if it is still this one's (idempotent)."""
-        current = _read_holder(self.path)
+        current = read_holder(self.path)
         if current is not None and current.token == self.holder.token:
             self.path.unlink(missing_ok=True)
         if os.environ.get(LOCK_ENV) == self.holder.token:
@@ -156,3 +160,80 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def acquire(folder: Path, lock_file: Path, *, field: str, command: str) -> RunLock:
+    """Take the lock ``lock_file`` of the run directory ``folder`` (which exists), or raise
+    :class:`ConfigError` naming ``field`` and the holder. A stale lock (see the module
+    documentation) is taken over; the returned lock says whose (:attr:`RunLock.took_over`).
+    Puts the token into ``os.environ[LOCK_ENV]``, so that every process started from here holds
+    the lock too."""
+    me = Holder.current(command)
+    took_over: Holder | None = None
+    for _ in range(5):
+        if _create_exclusive(lock_file, me):
+            os.environ[LOCK_ENV] = me.token
+            return RunLock(lock_file, me, took_over)
+        held = _wait_readable(lock_file)
+        if held is None:  # vanished: its holder released it; try again
+            continue
+        state = held.state()
+        if state == "alive":
+            who = held.describe()
+            if not process_alive(held.pid, held.pid_start):
+                pids = ", ".join(map(str, processes_with_env(LOCK_ENV, held.token)))
+                who += f", which is gone; processes it started still run (pids {pids}: stopping after a checkpoint)"
+            raise ConfigError(field, f"'{folder}' is in use by {who}. {_busy_hint(folder)}")
+        if state == "unknown":
+            raise ConfigError(
+                field,
+                f"'{folder}' is locked by {held.describe()}, on another host (olmx cannot see its "
+                f"processes from {me.host}). If no olmx train of this run is running there, remove "
+                f"{lock_file} and run again",
+            )
+        _take_over(folder, lock_file, held, me, field)
+        took_over = held
+    raise ConfigError(field, f"'{folder}': could not take {lock_file}; other launchers keep taking it")
+
+
+def _wait_readable(lock_file: Path, timeout: float = 2.0) -> Holder | None:
+    """The holder of an existing lock file; a file being written is waited for, one left
+    empty or torn (its writer died at once) counts as a holder that is gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            text = lock_file.read_text()
+        except FileNotFoundError:
+            return None
+        holder = _parse_holder(text)
+        if holder is not None:
+            return holder
+        if time.monotonic() > deadline:
+            return Holder(host="?", pid=0, started="?", token=f"torn-{text!r}", command="(unreadable lock)")
+        time.sleep(0.05)
+
+
+def _take_over(folder: Path, lock_file: Path, stale: Holder, me: Holder, field: str) -> None:
+    """Remove ``stale``'s lock, holding ``.olmx-lock.takeover`` meanwhile (O_EXCL too): of
+    launchers that found the same stale lock, one removes it and creates its own; the others
+    then find that one's lock alive."""
+    mutex = lock_file.with_name(lock_file.name + TAKEOVER_SUFFIX)
+    if not _create_exclusive(mutex, me):
+        other = read_holder(mutex)
+        try:
+            old = time.time() - mutex.stat().st_mtime > 60
+        except FileNotFoundError:
+            return  # just released: look again
+        if old or (other is not None and other.state() == "dead"):  # its taker died in the middle
+            mutex.unlink(missing_ok=True)
+            return
+        if other is None:  # being written this instant
+            time.sleep(0.1)
+            return
+        raise ConfigError(field, f"'{folder}' is being taken over by {other.describe()}. {_busy_hint(folder)}")
+    try:
+        current = read_holder(lock_file)
+        if current is None or current.token == stale.token:
+            lock_file.unlink(missing_ok=True)
+    finally:
+        mutex.unlink(missing_ok=True)
