@@ -456,16 +456,21 @@ def generate(
 @guarded
 def export_hf(
     run_dir: Path = typer.Argument(..., help="The run directory."),
-    out_dir: Path = typer.Option(..., "--out", help="The directory to write (new, or empty)."),
+    out_dir: Path = typer.Option(
+        ..., "--out", help="The directory to write: new (its missing folders are made), or empty."
+    ),
     step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the newest)."),
 ) -> None:
     """Write a checkpoint as a Hugging Face transformers directory.
 
     config.json, generation_config.json and model.safetensors (float32, the padded vocabulary),
     which AutoModelForCausalLM.from_pretrained loads: Llama (model.block=default), OLMo 2 or
-    OLMo 3 (model.block=reordered_norm model.qk_norm=true; OLMo 3 with sliding windows). Models
-    with layer plugins (Engram, MoE) have no transformers architecture and are refused (olmx
-    export torch writes them). Byte-level runs get no tokenizer files."""
+    OLMo 3 (model.block=reordered_norm model.qk_norm=true; OLMo 3 with sliding windows), and with
+    layers=[moe] OLMoE (model.qk_norm=true) or FlexOlmo (model.block=reordered_norm
+    model.qk_norm=true). The plan of a run (olmx train --dry-run) says which, or why none and
+    what setting would; Engram blocks have none (olmx export torch writes any model). The
+    tokenizer comes along: the run's tokenizer.json, or for a byte-level run one that
+    AutoTokenizer reads as olmx encodes (ids 0-255 are UTF-8 bytes)."""
     from olmx.export import export_hf as run_export
 
     done = run_export(run_dir, out_dir, step=step)

@@ -7,10 +7,12 @@ into the run's model in one process on this machine, as ``olmx generate`` loads 
 * ``hf``: a Hugging Face ``transformers`` directory (``config.json``, ``generation_config.json``,
   ``model.safetensors`` in the trained float32 weights) that ``AutoModelForCausalLM.from_pretrained``
   loads, converted by OLMo-core's ``olmo_core.nn.hf``; the architecture is Llama, OLMo 2 or
-  OLMo 3 (:mod:`olmx.plan.hf` says which model is which; the others are refused with the
-  reason before anything is loaded). The embeddings keep the model's padded vocabulary
-  (a multiple of 128), so the logits are the model's. Byte-level runs have no Hugging Face
-  tokenizer, and none is written (ids 0-255 are the UTF-8 bytes); a run whose
+  OLMo 3, or with MoE layers OLMoE or FlexOlmo (:func:`olmx.plan.hf.hf_export_class` says which
+  model is which, in the plan too; the others are refused with the reason and the setting that
+  would do, before anything is loaded). The embeddings keep the model's padded vocabulary
+  (a multiple of 128), so the logits are the model's. A byte-level run gets a byte-level
+  ``tokenizer.json`` (ids 0-255 are the UTF-8 bytes, its special ids named) that
+  ``AutoTokenizer`` reads as olmx encodes; a run whose
   ``data.tokenizer.path`` names a local ``tokenizer.json`` gets it with a ``tokenizer_config.json``
   (the run's special ids), written and reloaded by OLMo-core's tokenizer export, so that
   ``AutoTokenizer.from_pretrained`` loads the directory.
@@ -18,7 +20,8 @@ into the run's model in one process on this machine, as ``olmx generate`` loads 
   names -> CPU tensors; ``torch.load(FILE, weights_only=True)``), for any model, Engram and
   MoE included.
 
-Export never overwrites: ``--out`` must not exist (``hf``: or be an empty directory). The
+Export never overwrites: ``--out`` must not exist (``hf``: or be an empty directory); its
+folders that do not exist yet are made. The
 files are written beside it under a temporary name and renamed into place when complete; the
 partial copy of an export that was killed is removed by the next export to the same ``--out``.
 """
@@ -63,17 +66,16 @@ def _check_out(out: Path, *, directory: bool) -> Path:
             raise ConfigError("--out", f"{out} exists and is not empty: export writes a new {what}, never over files")
     elif out.exists() or out.is_symlink():
         raise ConfigError("--out", f"{out} exists: export writes a new {what}, it never overwrites")
-    parent = out.parent
-    if not parent.is_dir():
-        raise ConfigError("--out", f"{parent} is not a directory")
-    check_writable(parent, "--out")
+    check_writable(out.parent, "--out")  # its folders that do not exist yet are made when it is written
     return out
 
 
 def _temporary(out: Path) -> Path:
     """Where the export is written before it is renamed to ``out``: ``.OUT.olmx-export-PID``
-    beside it. Those of exports that were killed (their process is gone) are removed first:
-    olmx named them, and a killed export leaves its partial copy nowhere else."""
+    beside it (``out``'s folders made where they do not exist yet). Those of exports that were
+    killed (their process is gone) are removed first: olmx named them, and a killed export leaves
+    its partial copy nowhere else."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     stale = re.compile(rf"\.{re.escape(out.name)}\.olmx-export-(\d+)")
     for path in out.parent.iterdir():
         m = stale.fullmatch(path.name)
@@ -121,15 +123,13 @@ def export_hf(run_dir: str | Path, out: str | Path, *, step: int | None = None) 
     tmp = _temporary(out)
     try:
         n = _with_model(plan, reg, ckpt, lambda model: _save_hf(model, plan, cls, checkpoint, tmp))
+        tok = plan.run.data.tokenizer
         if tokenizer is not None:
             note = _save_tokenizer(plan, tokenizer, tmp)
+        elif tok.name == "bytes":
+            note = _save_byte_tokenizer(plan, tmp)
         else:
-            tok = plan.run.data.tokenizer
-            note = (
-                f"no tokenizer files: the run is byte-level (ids 0-255 are UTF-8 bytes, {tok.eos_id} ends a document)"
-                if tok.name == "bytes"
-                else f"no tokenizer files: the run names no local tokenizer.json of {tok.name!r} (data.tokenizer.path)"
-            )
+            note = f"no tokenizer files: the run names no local tokenizer.json of {tok.name!r} (data.tokenizer.path)"
         if out.is_dir():
             out.rmdir()  # empty, checked above
         tmp.rename(out)
@@ -139,12 +139,12 @@ def export_hf(run_dir: str | Path, out: str | Path, *, step: int | None = None) 
 
 
 def _hf_target(plan: Any, reg: Any) -> tuple[str, Any]:
-    """The ``transformers`` class of the run's model and the function that makes its config and
-    state from the built model: a dense model's (:mod:`olmx.plan.hf`), or the one layer
-    plugin's that names a class (:meth:`olmx.api.LayerPlugin.hf_architecture`; the first that
-    names none refuses)."""
-    from olmx.plan.hf import ARCHITECTURES, hf_architecture
+    """The ``transformers`` class of the run's model (:func:`olmx.plan.hf.hf_export_class`, the
+    plan's row's source too) and the function that makes its config and state from the built
+    model: a dense model's, or the layer plugin's that named the class."""
+    from olmx.plan.hf import hf_architecture, hf_export_class
 
+    cls = hf_export_class(plan.run, reg)
     if not plan.run.layers:
         arch = hf_architecture(plan.run)
 
@@ -153,14 +153,9 @@ def _hf_target(plan: Any, reg: Any) -> tuple[str, Any]:
 
             return dense_checkpoint(model, plan, arch)
 
-        return ARCHITECTURES[arch][0], dense
-    layers = [(reg.get("layer", name), cfg) for name, cfg in plan.run.layers.items()]
-    classes = [plugin.hf_architecture(cfg, plan.run) for plugin, cfg in layers]
-    if len(layers) > 1:
-        names = ",".join(plan.run.layers)
-        why = f"a transformers class holds one kind of added block, not {len(layers)}"
-        raise ConfigError("layers", f"layers=[{names}]: {why}")
-    (plugin, cfg), cls = layers[0], classes[0]
+        return cls, dense
+    ((name, cfg),) = plan.run.layers.items()
+    plugin = reg.get("layer", name)
     return cls, lambda model: plugin.hf_checkpoint(cfg, model, plan)
 
 
@@ -211,6 +206,44 @@ def _save_tokenizer(plan: Any, path: Path, out: Path) -> str:
         except ValueError as exc:
             raise ConfigError("data.tokenizer.path", f"OLMo-core's tokenizer export refused {path}: {exc}") from None
     return f"tokenizer.json and tokenizer_config.json from {path} (transformers.AutoTokenizer loads them)"
+
+
+#: The names of a byte-level run's special ids in its exported tokenizer.
+BYTE_SPECIALS = {"eos_id": "<|endoftext|>", "pad_id": "<|pad|>", "bos_id": "<|bos|>"}
+
+
+def _save_byte_tokenizer(plan: Any, out: Path) -> str:
+    """A byte-level run's tokenizer as ``tokenizer.json`` plus ``tokenizer_config.json``:
+    byte-level BPE without merges (GPT-2's byte alphabet, each byte's id its value), so that
+    ``AutoTokenizer.from_pretrained`` encodes text to its UTF-8 bytes exactly as olmx does, with
+    the run's end-of-document (and padding, beginning) ids as special tokens. Without it
+    ``transformers`` makes an empty tokenizer for the directory's model type. Returns the note."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = plan.run.data.tokenizer
+    alphabet = _byte_alphabet()
+    specials = {name: getattr(tok, key) for key, name in BYTE_SPECIALS.items() if getattr(tok, key) is not None}
+    vocab = {alphabet[b]: b for b in range(256)} | {name: i for name, i in specials.items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(name, special=True) for name in specials])
+    tokenizer.save(str(out / "tokenizer.json"))
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": plan.run.data.seq_len}
+    config |= {key.removesuffix("_id") + "_token": name for key, name in BYTE_SPECIALS.items() if name in specials}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    ids = ", ".join(f"{name} {i}" for name, i in specials.items())
+    return f"tokenizer.json: byte-level (ids 0-255 are UTF-8 bytes; {ids}), which transformers.AutoTokenizer loads"
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's printable stand-in of each byte (``bytes_to_unicode``), which byte-level BPE
+    tokenizers keep in their vocabulary."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
 
 
 def _plan(run_dir: str | Path) -> tuple[Any, Any]:

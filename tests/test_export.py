@@ -183,7 +183,8 @@ def test_init_from_is_checked_at_plan_time(tmp_path, llama_dir) -> None:
         return str(info.value)
 
     plan = plan_for(tmp_path, f"model.init_from={llama_dir}")
-    (row,) = plan.sections["model"]
+    row, export = plan.sections["model"]
+    assert export == ("export hf", "LlamaForCausalLM (olmx export hf RUN_DIR --out DIR)")
     loads = f"{llama_dir}: LlamaForCausalLM (llama), 30 tensors, {plan.params.total:,} parameters (F32), loaded"
     assert row[1].startswith(loads)
     # A Hub model id is a missing directory here: refused, never looked up.
@@ -243,11 +244,12 @@ def exported(tmp_path_factory, reference_run) -> dict[str, Path]:
     """The session's reference run (a tiny Llama-architecture model, 2 processes, DDP, 12 steps)
     exported both ways by the CLI."""
     root = tmp_path_factory.mktemp("export")
-    paths = {"run": reference_run, "hf": root / "hf", "pt": root / "model.pt", "cache": root / "cache"}
+    # --out under folders that do not exist yet: they are made
+    paths = {"run": reference_run, "hf": root / "new" / "hf", "pt": root / "model.pt", "cache": root / "cache"}
     proc = olmx_cli("export", "hf", str(paths["run"]), "--out", str(paths["hf"]))
     assert proc.returncode == 0, proc.stderr
     assert "LlamaForCausalLM, checkpoint step 12, 21 tensors" in proc.stdout
-    assert "no tokenizer files: the run is byte-level" in proc.stdout
+    assert "tokenizer.json: byte-level (ids 0-255 are UTF-8 bytes; <|endoftext|> 256, <|pad|> 257)" in proc.stdout
     from olmx.export import export_torch
 
     assert export_torch(paths["run"], paths["pt"]).tensors == 21
@@ -267,6 +269,8 @@ def test_the_export_has_olmx_logits_and_greedy_continuation(exported, hf_offline
         "config.json",
         "generation_config.json",
         "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     hf = AutoModelForCausalLM.from_pretrained(exported["hf"]).eval()
     prompt = "def main(argv):\n    "
@@ -286,6 +290,10 @@ def test_the_export_has_olmx_logits_and_greedy_continuation(exported, hf_offline
     with torch.no_grad():
         theirs = hf.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1] :].tolist()
     assert step == 12 and ours == decode(plan, [t for t in theirs if t != 256])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(exported["hf"])  # byte-level, as olmx encodes
+    assert tok(prompt)["input_ids"] == ids[0].tolist() and tok.eos_token_id == 256
 
     # Never over files olmx did not write; a missing checkpoint names --step.
     proc = olmx_cli("export", "hf", str(exported["run"]), "--out", str(exported["hf"]))
@@ -348,6 +356,12 @@ def test_out_is_a_new_real_path_olmx_can_write(tmp_path) -> None:
     with pytest.raises(ConfigError, match="'/proc' is not writable"):
         _check_out(Path("/proc/model.pt"), directory=False)
     assert _check_out(tmp_path / "empty", directory=True) == tmp_path / "empty"
+    # folders that do not exist yet are made when the export is written (not when checked)
+    assert _check_out(tmp_path / "new" / "folders" / "hf", directory=True) == tmp_path / "new" / "folders" / "hf"
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        _check_out(tmp_path / "file" / "hf", directory=True)
 
 
 @pytest.mark.dist
@@ -420,6 +434,23 @@ def test_moe_models_without_a_transformers_architecture_are_refused_with_the_rea
     assert info.value.field == key
 
 
+def test_the_plan_says_what_export_hf_will_make_of_the_run_as_the_export_decides(tmp_path) -> None:
+    from olmx.export import _hf_target
+    from olmx.registry import registry
+
+    refused = plan_for(tmp_path, *MOE)  # OLMoE normalises queries and keys
+    row = dict(refused.sections["model"])["export hf"]
+    assert row.startswith("refused: model.qk_norm: OLMoE and FlexOlmo normalise queries and keys")
+    assert "model.qk_norm=true makes it one" in row
+    with pytest.raises(ConfigError) as info:
+        _hf_target(refused, registry())
+    assert row == f"refused: {info.value} (olmx export torch writes any model)"  # one source
+    for cls, settings in MOE_ARCHS.items():
+        assert dict(plan_for(tmp_path, *MOE, *settings).sections["model"])["export hf"].startswith(cls)
+    engram = dict(plan_for(tmp_path, "layers=[engram]").sections["model"])["export hf"]
+    assert engram.startswith("refused: layers: layers=[...,engram] adds blocks") and engram.count("export torch") == 1
+
+
 @pytest.mark.dist
 def test_moe_runs_export_as_olmoe_and_flexolmo_with_olmx_logits_and_greedy_continuation(tmp_path, hf_offline) -> None:
     """A pre-norm MoE run as OLMoE, a post-norm one as FlexOlmo (experts fused as transformers
@@ -470,3 +501,44 @@ def test_moe_runs_export_as_olmoe_and_flexolmo_with_olmx_logits_and_greedy_conti
         with torch.no_grad():
             theirs = hf.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :].tolist()
         assert ours == decode(plan, [t for t in theirs if t != 256]), cls
+        # the export's byte-level tokenizer (transformers made an empty one for OLMoE, and its
+        # generation failed on no input ids): the same ids, the same continuation
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(out)
+        encoded = tok(prompt, return_tensors="pt")
+        assert encoded["input_ids"].tolist() == ids.tolist(), cls
+        with torch.no_grad():
+            again = hf.generate(**encoded, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :]
+        assert tok.decode(again, skip_special_tokens=True) == ours, cls
+
+
+def test_a_byte_level_export_has_a_tokenizer_transformers_reads_as_olmx_encodes(tmp_path, hf_offline) -> None:
+    """Without tokenizer files transformers makes an empty tokenizer for a Llama or OLMoE
+    directory (generation then fails on no input); the byte-level one written encodes to the
+    UTF-8 bytes, names the run's special ids, and generation continues as olmx's greedy loop."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from olmx.export import _save_byte_tokenizer
+    from olmx.worker.hf import save_hf
+
+    plan = plan_for(tmp_path)
+    model = built(plan, 0)
+    out = tmp_path / "hf"
+    save_hf(model, plan, "llama", out)
+    assert "byte-level" in _save_byte_tokenizer(plan, out)
+    tok = AutoTokenizer.from_pretrained(out)
+    prompt = "def main(argv):\n    héllo ✓"
+    ids = tok(prompt, return_tensors="pt")["input_ids"]
+    assert ids[0].tolist() == list(prompt.encode())
+    assert (tok.eos_token_id, tok.pad_token_id) == (plan.run.data.tokenizer.eos_id, plan.run.data.tokenizer.pad_id)
+    assert tok.decode(list(prompt.encode())) == prompt
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    got = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)[0, ids.shape[1] :]
+    mine = ids
+    with torch.no_grad():
+        for _ in range(6):
+            logits = model(mine)[0, -1, : plan.run.data.tokenizer.vocab_size]
+            mine = torch.cat([mine, logits.argmax().view(1, 1)], dim=1)
+    assert got.tolist() == mine[0, ids.shape[1] :].tolist()

@@ -9,10 +9,11 @@ Which ``transformers`` architecture an olmx model is (OLMo-core 3.0.0's conversi
   (``Olmo2ForCausalLM``), or **OLMo 3** (``Olmo3ForCausalLM``) when some layers use a sliding
   window (all of them the same size); OLMo-core's ``get_hf_config`` chooses between the two.
 
-Nothing else is one: QK-norm over all heads before pre-norm blocks (Qwen 3 normalises per head),
-sliding windows with pre-norm blocks, post-norm blocks without QK-norm, and any layer plugin's
-blocks (Engram, mixture-of-experts FFNs) have no ``transformers`` architecture, and olmx
-writes no remote code for them (``olmx export torch`` writes any model).
+Nothing else dense is one: QK-norm over all heads before pre-norm blocks (Qwen 3 normalises per
+head), sliding windows with pre-norm blocks, post-norm blocks without QK-norm. A model with a
+layer plugin's blocks is what that plugin names (the MoE layer: OLMoE or FlexOlmo; Engram: none,
+and olmx writes no remote code; ``olmx export torch`` writes any model). :func:`hf_export_class`
+is the one answer, which the export refuses with and the plan's ``export hf`` row says.
 
 :func:`hf_tensors` lists the tensors such a checkpoint holds for a model (a test checks it
 against OLMo-core's conversion of the built model); :func:`check_init_from` is the plan's check
@@ -26,10 +27,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from olmx.config.schema import ModelConfig, RunConfig
 from olmx.errors import ConfigError
+
+if TYPE_CHECKING:
+    from olmx.registry import Registry
 
 LLAMA, OLMO2, OLMO3 = "llama", "olmo2", "olmo3"
 #: ``transformers`` model type -> its causal-LM class and what it is in olmx's settings.
@@ -70,28 +74,60 @@ def hf_architecture(run: RunConfig) -> str:
                 "model.qk_norm",
                 "true with model.block=default: Llama has no QK-norm, and Qwen 3 normalises each head "
                 "apart where olmx (OLMo-core) normalises all heads together, so no transformers "
-                "architecture computes this model",
+                "architecture computes this model; model.qk_norm=false makes it Llama, "
+                "model.block=reordered_norm OLMo 2",
             )
         if windows:
             raise ConfigError(
                 "model.sliding_window",
-                f"{m.sliding_window} with model.block=default: Llama has no sliding-window attention "
-                "(OLMo 3, model.block=reordered_norm model.qk_norm=true, has)",
+                f"{m.sliding_window} with model.block=default: Llama has no sliding-window attention; "
+                "model.block=reordered_norm model.qk_norm=true makes it OLMo 3",
             )
         return LLAMA
     if not m.qk_norm:
         raise ConfigError(
             "model.qk_norm",
             "false with model.block=reordered_norm: transformers' OLMo 2 and OLMo 3 normalise queries "
-            "and keys in every layer, and Llama is pre-norm",
+            "and keys in every layer, and Llama is pre-norm; model.qk_norm=true makes it OLMo 2 (OLMo 3 "
+            "with sliding windows), model.block=default Llama",
         )
     if len(windows) > 1:
         raise ConfigError(
             "model.sliding_window",
             f"{m.sliding_window} uses windows of {sorted(windows)} tokens: OLMo 3 has one window size "
-            "for all its sliding-window layers",
+            "for all its sliding-window layers; a pattern of one size (and -1) makes it OLMo 3",
         )
     return OLMO3 if windows else OLMO2
+
+
+def hf_export_class(run: RunConfig, reg: Registry) -> str:
+    """The ``transformers`` class ``olmx export hf`` writes the run's model as: a dense model's
+    (:func:`hf_architecture`), or the one layer plugin's that names one
+    (:meth:`olmx.api.LayerPlugin.hf_architecture`: the MoE layer's OLMoE or FlexOlmo). A
+    :class:`ConfigError` naming the setting that has none, why, and what would (the export
+    refuses with it, and the plan says it: :func:`hf_export_row`)."""
+    if not run.layers:
+        return ARCHITECTURES[hf_architecture(run)][0]
+    classes = [reg.get("layer", name).hf_architecture(cfg, run) for name, cfg in run.layers.items()]
+    if len(classes) > 1:
+        names = ",".join(run.layers)
+        raise ConfigError(
+            "layers",
+            f"layers=[{names}]: a transformers class holds one kind of added block, not {len(classes)} "
+            "(olmx export torch writes the full state dict of any model)",
+        )
+    return classes[0]
+
+
+def hf_export_row(run: RunConfig, reg: Registry) -> tuple[str, str]:
+    """The plan's row saying whether ``olmx export hf`` will write the run's checkpoints, as
+    what, or why not and what setting would (:func:`hf_export_class`)."""
+    try:
+        cls = hf_export_class(run, reg)
+    except ConfigError as exc:
+        torch = "" if "export torch" in str(exc) else " (olmx export torch writes any model)"
+        return ("export hf", f"refused: {exc}{torch}")
+    return ("export hf", f"{cls} (olmx export hf RUN_DIR --out DIR)")
 
 
 def hf_tensors(model: ModelConfig, vocab_size: int, arch: str, *, tied: bool = False) -> dict[str, tuple[int, ...]]:

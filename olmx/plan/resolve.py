@@ -23,7 +23,7 @@ from olmx.plan import BatchPlan, ParamCounts, Plan
 from olmx.plan.downstream import plan_downstream
 from olmx.plan.duration import resolve_duration
 from olmx.plan.execution import kernel_warnings, resolve_execution
-from olmx.plan.hf import check_init_from
+from olmx.plan.hf import check_init_from, hf_export_row
 from olmx.plan.linears import dense_linears
 from olmx.plan.memory import MemoryEstimate
 from olmx.plan.mesh import check_experts, check_tensor_parallel, resolve_mesh
@@ -110,6 +110,7 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     if resume_step is not None:
         check_resume(run, run_dir, resume_step)
     model_rows = check_init_from(run, vocab, resume_step) if run.model.init_from else []
+    model_rows.append(hf_export_row(run, reg))  # what olmx export hf will make of its checkpoints
     return Plan(
         run=run,
         world=world,

@@ -36,32 +36,48 @@ def hf_class(cfg: MoEConfig, run: Any) -> str:
     if len(blocks) != m.n_layers:
         field = "layers.moe.blocks" if cfg.blocks is not None else "layers.moe.every"
         why = "OLMoE and FlexOlmo have them in every block"
-        raise ConfigError(field, f"experts in blocks {blocks} of {m.n_layers}: {why}")
+        fix = "layers.moe.blocks=null layers.moe.every=1" if cfg.blocks is not None else "layers.moe.every=1"
+        raise ConfigError(field, f"experts in blocks {blocks} of {m.n_layers}: {why}; {fix} makes it one")
     shared = cfg.shared_hidden_size is not None
     refusals = [
-        (shared, "layers.moe.shared_hidden_size", "OLMoE and FlexOlmo have no shared expert"),
-        (cfg.gating != "softmax", "layers.moe.gating", "OLMoE and FlexOlmo route with a softmax over the experts"),
-        (cfg.bias_gamma is not None, "layers.moe.bias_gamma", "OLMoE and FlexOlmo choose experts without a bias"),
+        (shared, "layers.moe.shared_hidden_size", "OLMoE and FlexOlmo have no shared expert", "null"),
+        (
+            cfg.gating != "softmax",
+            "layers.moe.gating",
+            "OLMoE and FlexOlmo route with a softmax over the experts",
+            "softmax",
+        ),
+        (
+            cfg.bias_gamma is not None,
+            "layers.moe.bias_gamma",
+            "OLMoE and FlexOlmo choose experts without a bias",
+            "null",
+        ),
         (
             cfg.capacity_factor is not None,
             "layers.moe.capacity_factor",
             "OLMoE and FlexOlmo route every token, where a capacity drops some",
+            "null",
         ),
         (
             cfg.normalize_expert_weights not in (None, 1.0),
             "layers.moe.normalize_expert_weights",
             "OLMoE and FlexOlmo use the top-k weights as they are (null) or summing to one (1.0)",
+            "null",
         ),
-        (not m.qk_norm, "model.qk_norm", "OLMoE and FlexOlmo normalise queries and keys in every layer"),
+        (not m.qk_norm, "model.qk_norm", "OLMoE and FlexOlmo normalise queries and keys in every layer", "true"),
         (
             any(w != -1 for w in m.sliding_window or []),
             "model.sliding_window",
             "OLMoE and FlexOlmo attend to the whole context in every layer",
+            "null",
         ),
     ]
-    for refused, field, why in refusals:
+    for refused, field, why, value in refusals:
         if refused:
-            raise ConfigError(field, f"{why}, so no transformers architecture computes this MoE model")
+            raise ConfigError(
+                field, f"{why}, so no transformers architecture computes this MoE model; {field}={value} makes it one"
+            )
     if m.block not in CLASSES:
         raise ConfigError("model.block", f"{m.block}: OLMoE is pre-norm (default), FlexOlmo post-norm (reordered_norm)")
     return CLASSES[m.block]
