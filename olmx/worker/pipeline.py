@@ -29,6 +29,8 @@ equal a run without a pipeline:
   look up in the world's (:func:`olmx.worker.pipeline_schedule.find_meshes_in`).
 
 The plugins' model edits run on each stage after the split (:func:`edit_stages_after_split`).
+The private parts of OLMo-core and torch this module and the adapter touch are listed, and
+checked when the train module is built, in :data:`olmx.worker.pipeline_seams.PRIVATE_SEAMS`.
 Everything else (the split, the losses each last stage captures, the data-parallel wrapping of
 each stage, checkpoints of the model parts, an optimizer per part) is OLMo-core's.
 """
@@ -48,6 +50,7 @@ from olmo_core.train.train_module.transformer.pipeline_train_module import Trans
 
 from olmx.types import PIPELINE_TOKEN_IDS
 from olmx.worker.pipeline_schedule import TorchSchedule, find_meshes_in
+from olmx.worker.pipeline_seams import check_seams
 
 
 class PipelineTrainModule(TransformerPipelineTrainModule):
@@ -363,7 +366,9 @@ def _drop_dtensor_localizing_hooks(part: Any) -> None:
 def build_pipeline_train_module(config: Any, model: Any, edit: Callable[[Any], None]) -> PipelineTrainModule:
     """:class:`PipelineTrainModule` from OLMo-core's ``TransformerTrainModuleConfig`` (with its
     ``pp_config``), its fields converted as the config's own ``build`` converts them; ``edit``
-    edits each stage after the split (:func:`edit_stages_after_split`)."""
+    edits each stage after the split (:func:`edit_stages_after_split`). An installation that lacks
+    one of the pipeline's private seams is refused first (:func:`olmx.worker.pipeline_seams.check_seams`)."""
+    check_seams()
     kwargs = config.as_dict(exclude_none=True, recurse=False)
     kwargs["pp_config"] = edit_stages_after_split(kwargs["pp_config"], edit)
     if (autocast := kwargs.pop("autocast_precision", None)) is not None:

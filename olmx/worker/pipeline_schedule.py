@@ -1,7 +1,8 @@
 """The adapter over torch's pipeline schedules (``torch.distributed.pipelining``) that olmx's
 pipeline train module (:mod:`olmx.worker.pipeline`) drives in place of OLMo-core's schedule
 driver: :class:`TorchSchedule` (training and a forward-only pass for evaluation) and
-:func:`find_meshes_in` (the meshes of the DTensor activations a stage receives).
+:func:`find_meshes_in` (the meshes of the DTensor activations a stage receives). The private
+parts of torch it touches are in :data:`olmx.worker.pipeline_seams.PRIVATE_SEAMS`.
 """
 
 from __future__ import annotations
