@@ -1,9 +1,16 @@
 """Plugin kinds, a leaf every stage reads: their entry-point groups, their config groups and
 sections (:func:`config_section`, the one rule), which kinds a run selects one of, and the order
-in which the core calls a run's plugins (:data:`KIND_ORDER`). Re-exported by :mod:`olmx.api`
+in which the core calls a run's plugins (:data:`KIND_ORDER`, :func:`plugins_in_order`). Re-exported by :mod:`olmx.api`
 for plugin authors; the core imports it from here."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from olmx.api import Plugin
+    from olmx.config.schema import RunConfig
+    from olmx.registry import Registry
 
 __all__ = [
     "GROUPS",
@@ -11,6 +18,8 @@ __all__ = [
     "SINGLE_KINDS",
     "config_section",
     "KIND_ORDER",
+    "MODEL_KINDS",
+    "plugins_in_order",
     "DEFAULT_LAYER_ORDER",
 ]
 
@@ -46,11 +55,33 @@ def config_section(kind: str, name: str) -> str:
     return group if kind in SINGLE_KINDS else f"{group}.{name}"
 
 
-#: The order in which the core calls ``resolve``, ``apply_train_module`` and ``callbacks`` of
-#: a run's plugins, by kind (within ``layer``: by :attr:`LayerPlugin.order`). Parallel plugins
-#: set the train module's parallel configs, the precision plugin adds to them, layers after them
-#: (optimizer groups of their own parameters); trackers last: they only record the run.
-KIND_ORDER: tuple[str, ...] = ("parallel", "precision", "layer", "tracker")
+#: The one order in which the core calls a run's plugins, by kind (within ``layer``: by
+#: :attr:`LayerPlugin.order`), for every hook: ``resolve``, the model's edits
+#: (``apply_model_config``, ``apply_model``), ``apply_train_module`` and ``callbacks``
+#: (:func:`plugins_in_order`). Inner to outer: a layer's modules exist before the precision
+#: plugin swaps their linear layers, and both before a parallel strategy wraps or shards the
+#: model; trackers last, they only record the run. The train module's edits set fields of their
+#: own (layers their optimizer groups and ``ep_config``, parallel strategies ``dp_config``,
+#: ``cp_config``, ``tp_config``, ``pp_config``; the core applies the plan's dtypes after all of
+#: them), so the same order holds there.
+KIND_ORDER: tuple[str, ...] = ("layer", "precision", "parallel", "tracker")
+#: The kinds whose plugins edit the model (trackers only record it).
+MODEL_KINDS: tuple[str, ...] = ("layer", "precision", "parallel")
+
+
+def plugins_in_order(run: RunConfig, reg: Registry, kinds: tuple[str, ...] = KIND_ORDER) -> list[tuple[Plugin, Any]]:
+    """``(plugin, cfg)`` of the run's plugins of ``kinds``, in :data:`KIND_ORDER` (layers by
+    their ``order``, then as listed): the one order in which the core calls their hooks."""
+    out: list[tuple[Plugin, Any]] = []
+    for kind in KIND_ORDER:
+        if kind not in kinds:
+            continue
+        if kind == "layer":
+            out += [(plugin, cfg) for _, plugin, cfg in reg.layers_in_order(run.layers)]
+        else:
+            out += [(reg.get(kind, name), cfg) for name, cfg in getattr(run, CONFIG_GROUPS[kind]).items()]
+    return out
+
 
 #: ``order`` of a layer plugin that does not set one.
 DEFAULT_LAYER_ORDER = 50

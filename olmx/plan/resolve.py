@@ -10,15 +10,14 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from olmx import __version__
-from olmx.api import Plugin
 from olmx.config.schema import ModelConfig, RunConfig
 from olmx.data.checks import check_data, check_data_settings, check_eval, default_holdout
 from olmx.data.tokenizer import resolve_tokenizer
 from olmx.errors import ConfigError
-from olmx.kinds import CONFIG_GROUPS, KIND_ORDER
+from olmx.kinds import plugins_in_order
 from olmx.plan import BatchPlan, ParamCounts, Plan
 from olmx.plan.downstream import plan_downstream
 from olmx.plan.duration import resolve_duration
@@ -244,19 +243,6 @@ def build_context(run: RunConfig, world: World, reg: Registry) -> Context:
         check_experts(ctx, reg)
     check_tensor_parallel(ctx)
     return ctx
-
-
-def plugins_in_order(run: RunConfig, reg: Registry) -> list[tuple[Plugin, Any]]:
-    """``(plugin, cfg)`` of the run's parallel, precision, layer and tracker plugins, in
-    :data:`olmx.api.KIND_ORDER` (layers by their ``order``): the order in which the core calls
-    ``resolve``, ``apply_train_module`` and ``callbacks``."""
-    out: list[tuple[Plugin, Any]] = []
-    for kind in KIND_ORDER:
-        if kind == "layer":
-            out += [(plugin, cfg) for _, plugin, cfg in reg.layers_in_order(run.layers)]
-        else:
-            out += [(reg.get(kind, name), cfg) for name, cfg in getattr(run, CONFIG_GROUPS[kind]).items()]
-    return out
 
 
 def _check_model(m: ModelConfig) -> None:

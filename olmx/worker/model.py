@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from olmx.config.schema import ModelConfig
+from olmx.kinds import MODEL_KINDS, plugins_in_order
 from olmx.plan import Plan
 from olmx.plan.execution import windows_matter
 
@@ -100,8 +101,8 @@ def build_model(plan: Plan, reg: Any, *, keep_windows: bool = False) -> Any:
     config = build_model_config(
         run.model, vocab_size=plan.vocab_size, attention=attention, seq_len=seq_len, init_seed=run.trainer.seed
     )
-    layers = reg.layers_in_order(run.layers)
-    for _, layer, cfg in layers:
+    layers: list[tuple[Any, Any]] = plugins_in_order(run, reg, ("layer",))  # LayerPlugin instances
+    for layer, cfg in layers:
         config = layer.apply_model_config(cfg, config, plan)
     model = config.build(init_device="meta")
     if plan.mesh.pp == 1:  # else each stage, after the split (olmx.worker.pipeline)
@@ -111,17 +112,15 @@ def build_model(plan: Plan, reg: Any, *, keep_windows: bool = False) -> Any:
 
 
 def edit_model(plan: Plan, reg: Any, model: Any) -> None:
-    """The plugins' ``apply_model`` edits of the built model (or of one pipeline stage of it):
-    the layer plugins by their ``order``, the precision plugin, the parallel plugins. Under
-    pipeline parallelism they edit each stage after OLMo-core's split, which deep-copies the
-    model once per stage: a module an edit wraps with FSDP (the experts under expert
-    parallelism) cannot be copied, and a stage's edits use the process groups of its ranks."""
-    run = plan.run
-    for _, layer, cfg in reg.layers_in_order(run.layers):
-        layer.apply_model(cfg, model, plan)
-    reg.get("precision", run.precision_name).apply_model(run.precision[run.precision_name], model, plan)
-    for name, cfg in run.parallel.items():
-        reg.get("parallel", name).apply_model(cfg, model, plan)
+    """The plugins' ``apply_model`` edits of the built model (or of one pipeline stage of it), in
+    :data:`olmx.kinds.KIND_ORDER`: the layer plugins by their ``order``, the precision plugin,
+    the parallel plugins. Under pipeline parallelism they edit each stage after OLMo-core's
+    split, which deep-copies the model once per stage: a module an edit wraps with FSDP (the
+    experts under expert parallelism) cannot be copied, and a stage's edits use the process
+    groups of its ranks."""
+    editors: list[tuple[Any, Any]] = plugins_in_order(plan.run, reg, MODEL_KINDS)  # each has apply_model
+    for plugin, cfg in editors:
+        plugin.apply_model(cfg, model, plan)
 
 
 def skip_unused_mask_warmup(model: Any) -> int:

@@ -7,15 +7,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from olmx.errors import ConfigError
+from olmx.kinds import plugins_in_order
 from olmx.plan import Plan
 from olmx.rundir import RunDir
 
 
 def train_module_config(plan: Plan, reg: Any, param_names: Sequence[str] | None = None) -> Any:
     """OLMo-core's ``TransformerTrainModuleConfig``: the core's settings (optimizer, schedule),
-    every plugin's ``apply_train_module`` in :data:`olmx.api.KIND_ORDER`, then the plan's dtypes
-    on the ``dp_config`` they set. ``param_names`` (the built model's) go to the plugins, and
-    every optimizer group a plugin adds must match one of them (None: not checked)."""
+    every plugin's ``apply_train_module`` in :data:`olmx.kinds.KIND_ORDER` (the order of the
+    model's edits), then the plan's dtypes on the ``dp_config`` they set. ``param_names`` (the
+    built model's) go to the plugins, and every optimizer group a plugin adds must match one of
+    them (None: not checked)."""
     from olmo_core.optim import (
         AdamWConfig,
         ConstantWithWarmup,
@@ -25,8 +27,6 @@ def train_module_config(plan: Plan, reg: Any, param_names: Sequence[str] | None 
         SkipStepAdamWConfig,
     )
     from olmo_core.train.train_module import TransformerTrainModuleConfig
-
-    from olmx.plan.resolve import plugins_in_order
 
     t = plan.run.trainer
     schedulers = {"cosine": CosWithWarmup, "linear": LinearWithWarmup, "constant": ConstantWithWarmup}
@@ -130,8 +130,6 @@ def plugin_callbacks(plan: Plan, reg: Any) -> dict[str, Any]:
     """Trainer callbacks contributed by the run's plugins (``callbacks(cfg, plan)``); trackers'
     on rank 0 only (:class:`olmx.api.TrackerPlugin`: the trainer reduces metrics onto rank 0)."""
     from olmo_core.distributed.utils import get_rank
-
-    from olmx.plan.resolve import plugins_in_order
 
     out: dict[str, Any] = {}
     for plugin, cfg in plugins_in_order(plan.run, reg):
