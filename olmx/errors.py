@@ -4,8 +4,13 @@ traceback."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 #: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
-__all__ = ["OlmxError", "ConfigError", "PluginError", "LaunchError", "RunFailed"]
+__all__ = ["OlmxError", "ConfigError", "PluginError", "LaunchError", "RunFailed", "unknown_name"]
+
+#: Up to this many known names, a message about an unknown one lists them all.
+FEW_NAMES = 40
 
 
 class OlmxError(Exception):
@@ -42,3 +47,25 @@ class RunFailed(OlmxError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def unknown_name(
+    what: str, name: str, known: Iterable[str], *, of: str = "", label: str = "allowed", where: str = ""
+) -> str:
+    """The one line for a mistyped name: ``unknown task 'arc_esay'; did you mean 'arc_easy'?``
+    (the closest known name: difflib's, else the one ``name`` begins), else all the known names
+    where they are few (:data:`FEW_NAMES`; ``label: a, b``), else ``where`` they are listed
+    (``olmx data tasks lists them``). ``of`` names the section a key is unknown in (``unknown key
+    'stepz' of trainer``)."""
+    import difflib
+
+    names = sorted(set(known))
+    message = f"unknown {what} '{name}'" + (f" of {of}" if of else "")
+    lower = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.6)
+    close = close or [n for n in lower if n.startswith(name.lower())][:1]
+    if close and name:
+        return f"{message}; did you mean '{lower[close[0]]}'?"
+    if len(names) <= FEW_NAMES:
+        return f"{message}; {label}: {', '.join(names) or 'none'}"
+    return f"{message}; {where}" if where else message

@@ -24,7 +24,7 @@ from typing import Any
 
 from olmx import PLUGIN_API
 from olmx.api import BASES, REQUIRED_HOOKS
-from olmx.errors import PluginError
+from olmx.errors import PluginError, unknown_name
 from olmx.kinds import GROUPS
 
 FIRST_PARTY_DIST = "olmx"
@@ -202,7 +202,9 @@ class Registry:
             return self._loaded[key]
         entry = self.entry(kind, name)
         if entry is None:
-            raise PluginError(f"unknown {kind} plugin '{name}'; installed: {', '.join(self.names(kind)) or 'none'}")
+            raise PluginError(
+                unknown_name(f"{kind} plugin", name, self.names(kind), label="installed", where="olmx plugins list")
+            )
         self._load(entry)
         if entry.status != "ok":
             raise PluginError(f"{kind} plugin '{name}' ({entry.dist}) is {entry.status}: {entry.reason}")

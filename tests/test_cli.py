@@ -66,7 +66,9 @@ def test_plugins_show_prints_schema_with_docs():
     hsdp = olmx_cli("plugins", "show", "hsdp").stdout
     assert "OLMo-core wrapping strategy" in hsdp and "Ranks a parameter is sharded over" in hsdp
     missing = olmx_cli("plugins", "show", "zero3")
-    assert missing.returncode == 2 and "no plugin named 'zero3'" in missing.stderr
+    assert missing.returncode == 2 and "unknown plugin 'zero3'; installed: " in missing.stderr
+    typo = olmx_cli("plugins", "show", "fdsp")
+    assert typo.returncode == 2 and typo.stderr.strip() == "error: unknown plugin 'fdsp'; did you mean 'fsdp'?"
 
 
 def test_dry_run_prints_config_plan_and_launch_and_writes_nothing(tmp_path):

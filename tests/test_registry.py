@@ -122,6 +122,8 @@ def test_unknown_plugin_names_the_installed_ones():
     reg = Registry.discover()
     with pytest.raises(PluginError, match=r"unknown parallel plugin 'zero3'; installed: .*ddp.*fsdp"):
         reg.get("parallel", "zero3")
+    with pytest.raises(PluginError, match=r"^unknown parallel plugin 'fdsp'; did you mean 'fsdp'\?$"):
+        reg.get("parallel", "fdsp")
 
 
 def test_an_infra_plugin_whose_commands_fail_leaves_provision_working(plugin_site):

@@ -16,7 +16,7 @@ from typing import Any
 
 from olmx import rules
 from olmx.config.schema import AUTO, AutoParallelConfig, RunConfig, SourceConfig
-from olmx.errors import ConfigError
+from olmx.errors import ConfigError, unknown_name
 from olmx.kinds import CONFIG_GROUPS, SINGLE_KINDS, config_section
 from olmx.registry import Registry
 
@@ -85,30 +85,51 @@ def register_plugin_options(reg: Registry) -> None:
 
 
 def compose(overrides: list[str], reg: Registry) -> Any:
-    """Compose ``conf/train.yaml`` with Hydra overrides; errors become ConfigError."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    """Compose ``conf/train.yaml`` with Hydra overrides; errors become ConfigError. A recipe's
+    ``recipe.layout`` (:func:`recipe_layout`) is composed in before the user's overrides."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from olmx.config.search_path import with_conf_search_paths
 
     _reject_hydra_flags(overrides)
     overrides = [_tokenizer_shorthand(o) for o in overrides]
     register_plugin_options(reg)
-    GlobalHydra.instance().clear()
     try:
         _reject_duplicate_selections(overrides)
-        with initialize_config_dir(str(conf_dir()), version_base="1.3", job_name="olmx"), warnings.catch_warnings():
-            # A plugin's YAML preset named like the plugin extends its ConfigStore option;
-            # Hydra 1.3 warns about that merge, which is exactly what olmx intends.
-            warnings.filterwarnings(
-                "ignore", message=r"(?s).*validated against ConfigStore schema", category=UserWarning
-            )
-            return hydra_compose("train", overrides=with_conf_search_paths(list(overrides)))
+        cfg = _hydra_compose(overrides)
+        layout = recipe_layout(list(cfg.recipe.layout), overrides)
+        return _hydra_compose([*layout, *overrides]) if layout else cfg
     except (HydraException, OmegaConfBaseException) as exc:
         raise _config_error(exc, reg) from None
+
+
+def _hydra_compose(overrides: list[str]) -> Any:
+    """Hydra's composition of ``conf/train.yaml`` (and the search path's groups) with ``overrides``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from olmx.config.search_path import with_conf_search_paths
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(conf_dir()), version_base="1.3", job_name="olmx"), warnings.catch_warnings():
+        # A plugin's YAML preset named like the plugin extends its ConfigStore option;
+        # Hydra 1.3 warns about that merge, which is exactly what olmx intends.
+        warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema", category=UserWarning)
+        return hydra_compose("train", overrides=with_conf_search_paths(list(overrides)))
+
+
+def recipe_layout(layout: list[str], overrides: list[str]) -> list[str]:
+    """The recipe's ``recipe.layout`` overrides that apply: those the user's overrides do not set
+    themselves, and none of the parallel plugins' where the user chose the parallel strategies
+    (``parallel=auto``, ``parallel=[fsdp]``): their settings would be for plugins not selected."""
+    keys = {_key(o) for o in overrides}
+    own_parallel = "parallel" in keys
+    return [o for o in layout if _key(o) not in keys and not (own_parallel and _key(o).startswith("parallel."))]
+
+
+def _key(override: str) -> str:
+    """The key an override sets (``parallel`` of ``parallel=[fsdp]``, ``a.b`` of ``+a.b=1``)."""
+    return override.lstrip("+~").split("=", 1)[0].strip()
 
 
 def _reject_hydra_flags(overrides: list[str]) -> None:
@@ -183,7 +204,7 @@ def _config_error(exc: Exception, reg: Registry) -> ConfigError:
             if entry is not None and not entry.usable:
                 return ConfigError(group, f"plugin '{option}' from {entry.dist} is {entry.status}: {entry.reason}")
         allowed = _group_options(group, reg)
-        return ConfigError(group, f"unknown option '{option}'; allowed: {', '.join(allowed) or 'none'}")
+        return ConfigError(group, unknown_name("option", option, allowed))
     override = re.search(r"Could not override '([^']+)'", text)
     if override:
         key = override.group(1)
@@ -227,11 +248,13 @@ def _plugin_key_error(key: str, reg: Registry, *, missing: str = "") -> ConfigEr
             return None  # the selected plugin's allowed keys are in Hydra's message
         return ConfigError(key, f"set by {group}={' or '.join(having)}; select one to set it")
     if name not in names:
-        return ConfigError(key, f"no plugin '{name}' in {group}; installed: {', '.join(names) or 'none'}")
+        return ConfigError(key, unknown_name(f"{kind} plugin", name, names, label="installed"))
     allowed = _field_names(reg, kind, name)
     if field.partition(".")[0] not in allowed:
-        unselected = f"; {name} is not selected either: {group}=[...,{name}]" if missing == f"{group}.{name}" else ""
-        return ConfigError(key, f"unknown key of {group}.{name}; allowed: {', '.join(allowed)}{unselected}")
+        message = unknown_name("key", field.partition(".")[0], allowed, of=f"{group}.{name}")
+        if missing == f"{group}.{name}":
+            message += f"{' ' if message.endswith('?') else '; '}{name} is not selected either: {group}=[...,{name}]"
+        return ConfigError(key, message)
     return ConfigError(key, f"{name} is not selected; add it: {group}=[...,{name}]")
 
 
@@ -246,7 +269,7 @@ def _schema_key_error(key: str) -> ConfigError | None:
             if depth == 0:
                 return None
             where = ".".join(parts[:depth])
-            return ConfigError(key, f"unknown key of {where}; allowed: {', '.join(fields)}")
+            return ConfigError(key, unknown_name("key", part, fields, of=where))
         f = fields[part]
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if not dataclasses.is_dataclass(default):
@@ -362,10 +385,10 @@ def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or ""
-        fields = ", ".join(f.name for f in dataclasses.fields(config_cls))
+        fields = [f.name for f in dataclasses.fields(config_cls)]
         msg = str(exc).splitlines()[0]
         if "not in struct" in msg or "Key '" in msg and "not in" in msg:
-            msg = f"unknown key; allowed: {fields}"
+            msg = unknown_name("key", str(key).rpartition(".")[2], fields, of=where)
         raise ConfigError(f"{where}.{key}" if key else where, msg) from None
     rules.check(obj, where)
     return obj

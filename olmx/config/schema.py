@@ -391,7 +391,27 @@ class AutoParallelConfig:
     they provide (``olmx.api.PARALLEL_CAPABILITIES``): full replicas where they fit, else
     expert-parallel (a layer with experts), hybrid (several nodes) or fully sharded, each with
     the smallest sequence-parallel degree that fits; the plan prints the choice and why. List
-    strategies yourself (``parallel=[fsdp,ulysses]``) to choose."""
+    strategies yourself (``parallel=[fsdp,ulysses]``) to choose. Like an expert, it adds a
+    parallel dimension (sequence, tensor, pipeline) only where nothing fits without one: before
+    that it lowers ``trainer.micro_batch_size`` (an upper bound under auto: the largest divisor of
+    a layout's per-rank batch up to it) and, where ``trainer.activation_checkpointing`` is unset,
+    turns checkpointing on (:mod:`olmx.plan.auto`)."""
+
+
+@dataclass(frozen=True)
+class RecipeConfig:
+    """Where an ``experiment=`` recipe comes from: set by the recipe, shown in the plan."""
+
+    #: The script (or paper) whose settings the recipe reproduces.
+    source: Optional[str] = None
+    #: The overrides that give the source's own layout (``parallel=[hsdp]``,
+    #: ``trainer.micro_batch_size=2``, ...). With ``parallel=auto`` the plan estimates that layout
+    #: (peak memory per process and step time) beside the one it chose.
+    layout: list[str] = field(default_factory=list)
+    #: GPUs (``infra.gpu_name``'s names) the source trains its layout on. There the plan does not
+    #: refuse that layout for its memory estimate: it warns (the source's run outranks the
+    #: estimate), naming the cheapest change that fits by the estimate.
+    ran_on: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -419,6 +439,8 @@ class RunConfig:
     #: run's metrics, resolved config and plan are recorded besides ``metrics.jsonl``. None by
     #: default; none sends anything anywhere unless its settings ask for it.
     trackers: dict[str, Any] = field(default_factory=dict)
+    #: Where an ``experiment=`` recipe comes from (its source and that source's layout).
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     #: Free-form values for your own callbacks and notes (``+extra.key=1``).
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -14,12 +14,22 @@ from dataclasses import replace
 from pathlib import Path
 
 from olmx.config.schema import DataSource, RunConfig
-from olmx.errors import ConfigError
+from olmx.errors import ConfigError, unknown_name
 from olmx.types import Mesh
 
 #: Byte-level data (``data=stdlib``/``text``): ids 0-255 are bytes and olmx writes ``uint16``
 #: caches, which OLMo-core reads as such for 257 to 65,536 ids (olmx.data.files.token_dtype).
 BYTE_VOCAB = (257, 1 << 16)
+
+
+def _unknown_tokenizer(name: str, data: str) -> str:
+    """A tokenizer name that is neither ``bytes`` nor one OLMo-core names (those resolve to a
+    file before the data checks, or are refused there), on data olmx tokenizes itself."""
+    from olmx.data.tokenizer import BY_PATH, OLMO_CORE_TOKENIZERS
+
+    known = ["bytes", *OLMO_CORE_TOKENIZERS]
+    message = unknown_name("tokenizer", name, known)
+    return f"{message}{' ' if message.endswith('?') else '; '}data={data} also takes a file of your own: {BY_PATH}"
 
 
 def check_data_settings(run: RunConfig) -> None:
@@ -34,7 +44,7 @@ def check_data_settings(run: RunConfig) -> None:
         raise ConfigError("data.name", "this Python has no standard-library sources; use data=text data.paths=[...]")
     if d.name in ("stdlib", "text") and not tok.path:  # with a tokenizer: olmx.data.tokenizer checks
         if tok.name != "bytes":
-            raise ConfigError("data.tokenizer.name", f"data={d.name} is tokenized byte-level: use the bytes tokenizer")
+            raise ConfigError("data.tokenizer.name", _unknown_tokenizer(tok.name, d.name))
         low, high = BYTE_VOCAB
         if not low <= tok.vocab_size <= high:
             raise ConfigError(

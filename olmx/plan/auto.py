@@ -5,21 +5,28 @@ by what they provide, :data:`olmx.api.PARALLEL_CAPABILITIES`), a parallel plugin
 (``parallel.ulysses.degree=auto``: the plugin's :meth:`~olmx.api.ParallelPlugin.options`),
 ``trainer.activation_checkpointing=auto`` and ``trainer.auto_micro_batch=true``.
 
-The candidates are tried cheapest first, and the first whose estimated peak fits the device
-wins (each is checked exactly as an explicit run is: a candidate the plan refuses is skipped
-with its reason). Cheapest means least modelled compute, then least communication:
+The candidates are tried in the order an expert lays a run out, and the first whose estimated
+peak fits the device wins (each is checked exactly as an explicit run is: a candidate the plan
+refuses is skipped with its reason). A parallel dimension is added last, because it costs
+communication in every layer and shrinks the work each GPU does; before it, the micro-batch is
+lowered and activations are recomputed:
 
-1. activation checkpointing none < long_context < full (recompute costs FLOPs,
-   :mod:`olmx.plan.throughput`; everything below costs none in that model);
-2. the layout: no add-on first, then the smallest sequence-parallel degree, then the smallest
-   tensor-parallel degree, then the smallest pipeline degree
+1. the parallel dimensions added: none first, then the smallest sequence-parallel degree, then
+   the smallest tensor-parallel degree, then the smallest pipeline degree
    (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then sequence or tensor x pipeline parallel
-   (:data:`COMBINED_ADD_ONS`, by the first's degree, then the pipeline's), then the data-parallel kind
-   in the order of :data:`~olmx.api.PARALLEL_CAPABILITIES` (replicate < experts < hybrid <
-   shard; experts only with a layer that has experts, hybrid only over several nodes), then
+   (:data:`COMBINED_ADD_ONS`, by the first's degree, then the pipeline's); so sequence
+   parallelism is never added to sequences that fit without it;
+2. activation checkpointing none < long_context < full (recompute costs FLOPs,
+   :mod:`olmx.plan.throughput`), with ``trainer.activation_checkpointing=auto`` or, under
+   ``parallel=auto``, where it is left unset (null);
+3. the data-parallel kind in the order of :data:`~olmx.api.PARALLEL_CAPABILITIES` (replicate <
+   experts < hybrid < shard; experts only with a layer that has experts, hybrid only over
+   several nodes; sharding overlaps its all-gathers with compute, which recompute cannot), then
    each plugin's own options in its order;
-3. the largest micro-batch dividing the per-rank batch (a smaller one only adds gradient
-   accumulation steps).
+4. the micro-batch, largest first: under ``parallel=auto`` every divisor of the layout's per-rank
+   batch up to ``trainer.micro_batch_size`` (a micro-batch that does not divide the batch a
+   layout gives each rank is lowered, not a reason to refuse the layout), with
+   ``trainer.auto_micro_batch`` every divisor; a smaller one only adds gradient accumulation steps.
 
 "Fits" is against :func:`olmx.plan.memory.usable_gib`: one GPU's memory less its headroom, or on CPUs this
 machine's RAM divided by its processes. Where nothing fits, a GPU run is refused with every
@@ -78,6 +85,9 @@ class ParallelOption:
     parallel: dict[str, Any]
     #: The overrides that select this option (``parallel=[fsdp]``, ...).
     overrides: tuple[str, ...]
+    #: Which parallel dimensions it adds to data parallelism (0: none; options of one level are
+    #: tried together, a level's with every checkpointing mode before the next level's).
+    level: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,9 +110,9 @@ def parallel_options(run: RunConfig, world: World, reg: Any) -> list[ParallelOpt
     if AUTO not in run.parallel:
         plugins = [(reg.get("parallel", name), cfg) for name, cfg in run.parallel.items()]
         per_plugin = [[(plugin.name, o, c) for o, c in plugin.options(cfg, run, world)] for plugin, cfg in plugins]
-        return [
-            ParallelOption({name: c for name, _, c in combo}, tuple(o for _, o, _ in combo if o))
-            for combo in itertools.product(*per_plugin)
+        return [  # each of a plugin's own options (a larger degree) adds parallelism: a level of its own
+            ParallelOption({name: c for name, _, c in combo}, tuple(o for _, o, _ in combo if o), level)
+            for level, combo in enumerate(itertools.product(*per_plugin))
         ]
     if len(run.parallel) > 1:
         others = ",".join(n for n in run.parallel if n != AUTO)
@@ -147,11 +157,11 @@ def parallel_options(run: RunConfig, world: World, reg: Any) -> list[ParallelOpt
         ((a, s, d) for a, s in enumerate(add_ons) for d in data), key=lambda asd: (asd[0], asd[2][0], asd[2][1])
     )
     out = []
-    for _, options, (_, _, dp_plugin, dp_override, dp_cfg) in combos:
+    for level, options, (_, _, dp_plugin, dp_override, dp_cfg) in combos:
         parallel = {dp_plugin.name: dp_cfg} | {plugin.name: cfg for plugin, _, cfg in options}
         names = f"parallel=[{','.join(parallel)}]"
         overrides = (names, dp_override, *(override for _, override, _ in options))
-        out.append(ParallelOption(parallel, tuple(o for o in overrides if o)))
+        out.append(ParallelOption(parallel, tuple(o for o in overrides if o), level))
     return out
 
 
@@ -172,7 +182,9 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
     """The concrete run for ``run``'s ``auto`` settings (see the module docstring); ``run``
     itself, with no rows, when nothing is ``auto``."""
     t = run.trainer
-    acs = AC_BY_COST if t.activation_checkpointing == AUTO else (t.activation_checkpointing,)
+    # under parallel=auto an unset checkpointing is tried before a parallel dimension is added
+    free_ac = t.activation_checkpointing == AUTO or (AUTO in run.parallel and t.activation_checkpointing is None)
+    acs = AC_BY_COST if free_ac else (t.activation_checkpointing,)
     lays = parallel_options(run, world, reg)
     asked = [f for f, on in _asked(run, lays) if on]
     if not asked:
@@ -181,26 +193,29 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
     tried: list[tuple[tuple[str, ...], int | None, str]] = []
     valid: list[tuple[int, RunConfig, tuple[str, ...]]] = []
     errors: list[ConfigError] = []
-    for ac in acs:
-        for lay in lays:
-            base = replace(run, parallel=lay.parallel, trainer=replace(t, activation_checkpointing=ac))
-            ac_override = (f"trainer.activation_checkpointing={ac or 'null'}",) if len(acs) > 1 else ()
-            for micro in _micro_batches(base, evaluate, errors, lay, tried):
-                cand = replace(base, trainer=replace(base.trainer, micro_batch_size=micro, auto_micro_batch=False))
-                overrides = (
-                    lay.overrides + ac_override + ((f"trainer.micro_batch_size={micro}",) if t.auto_micro_batch else ())
-                )
-                try:
-                    fit = evaluate(cand)
-                except ConfigError as exc:
-                    errors.append(exc)
-                    tried.append((overrides, None, f"refused: {exc}"))
-                    continue
-                fits = cap is None or fit.peak <= cap * GIB
-                if fits:
-                    return Choice(cand, overrides, _rows(overrides, fit.peak, cap, world, tried))
-                tried.append((overrides, fit.peak, f"{gib(fit.peak)} > {cap:.1f} GiB"))
-                valid.append((fit.peak, cand, overrides))
+    lower = AUTO in run.parallel  # a layout's per-rank batch decides the micro-batch
+    for level in sorted({lay.level for lay in lays}):
+        for ac in acs:
+            for lay in (lay for lay in lays if lay.level == level):
+                base = replace(run, parallel=lay.parallel, trainer=replace(t, activation_checkpointing=ac))
+                ac_override = (f"trainer.activation_checkpointing={ac or 'null'}",) if len(acs) > 1 else ()
+                for micro in _micro_batches(base, evaluate, errors, lay, tried, lower=lower):
+                    cand = replace(base, trainer=replace(base.trainer, micro_batch_size=micro, auto_micro_batch=False))
+                    changed = t.auto_micro_batch or micro != t.micro_batch_size
+                    overrides = (
+                        lay.overrides + ac_override + ((f"trainer.micro_batch_size={micro}",) if changed else ())
+                    )
+                    try:
+                        fit = evaluate(cand)
+                    except ConfigError as exc:
+                        errors.append(exc)
+                        tried.append((overrides, None, f"refused: {exc}"))
+                        continue
+                    fits = cap is None or fit.peak <= cap * GIB
+                    if fits:
+                        return Choice(cand, overrides, _rows(overrides, fit, cand, run, cap, world, tried))
+                    tried.append((overrides, fit.peak, f"{gib(fit.peak)} > {cap:.1f} GiB"))
+                    valid.append((fit.peak, cand, overrides))
     return _nothing_fits(asked, valid, errors, tried, cap, world)
 
 
@@ -215,12 +230,18 @@ def _asked(run: RunConfig, lays: list[ParallelOption]) -> list[tuple[str, bool]]
 
 
 def _micro_batches(
-    run: RunConfig, evaluate: Evaluate, errors: list[ConfigError], lay: ParallelOption, tried: list[Any]
+    run: RunConfig,
+    evaluate: Evaluate,
+    errors: list[ConfigError],
+    lay: ParallelOption,
+    tried: list[Any],
+    *,
+    lower: bool = False,
 ) -> list[int]:
-    """``trainer.micro_batch_size`` as given, or (``auto_micro_batch``) every divisor of the
-    per-rank batch of this layout, largest first."""
+    """``trainer.micro_batch_size`` as given; with ``lower`` (``parallel=auto``) every divisor of
+    this layout's per-rank batch up to it; with ``auto_micro_batch`` every divisor; largest first."""
     t = run.trainer
-    if not t.auto_micro_batch:
+    if not t.auto_micro_batch and not lower:
         return [t.micro_batch_size]
     try:  # the layout's data-parallel ranks (a micro-batch of 1 always divides the batch)
         dp = evaluate(replace(run, trainer=replace(t, micro_batch_size=1, auto_micro_batch=False))).dp
@@ -229,12 +250,15 @@ def _micro_batches(
         tried.append((lay.overrides, None, f"refused: {exc}"))
         return []
     per_rank = t.global_batch_size // dp
-    return [m for m in range(per_rank, 0, -1) if not per_rank % m]
+    top = per_rank if t.auto_micro_batch else min(per_rank, t.micro_batch_size)
+    return [m for m in range(top, 0, -1) if not per_rank % m]
 
 
 def _rows(
     overrides: tuple[str, ...],
-    peak: int,
+    fit: Fit,
+    chosen: RunConfig,
+    asked: RunConfig,
     cap: float | None,
     world: World,
     tried: list[tuple[tuple[str, ...], int | None, str]],
@@ -244,7 +268,16 @@ def _rows(
     if cap is None:
         rows.append(("why", f"the first setting the plan accepts; {world.device_name}'s memory is unknown"))
     else:
-        rows.append(("why", f"the cheapest setting that fits: estimated peak {gib(peak)} of {where}"))
+        rows.append(("why", f"the cheapest setting that fits: estimated peak {gib(fit.peak)} of {where}"))
+    micro, given = chosen.trainer.micro_batch_size, asked.trainer.micro_batch_size
+    if micro < given and not asked.trainer.auto_micro_batch:
+        per_rank = chosen.trainer.global_batch_size // fit.dp
+        reason = (
+            f"{chosen.trainer.global_batch_size} sequences over {fit.dp} data-parallel ranks leave {per_rank} per rank"
+            if per_rank < given or per_rank % given
+            else "the larger ones do not fit"
+        )
+        rows.append(("micro-batch", f"lowered from trainer.micro_batch_size={given} to {micro}: {reason}"))
     for ov, _, reason in tried[:SHOWN]:
         rows.append(("tried before", f"{' '.join(ov) or 'as given'}: {reason}"))
     if len(tried) > SHOWN:
@@ -252,8 +285,9 @@ def _rows(
     rows.append(
         (
             "order",
-            "least recompute, then no add-on, the smallest sequence-, tensor- then pipeline-parallel degree, "
-            "least sharding, largest micro-batch",
+            "no parallel dimension added before a smaller micro-batch and activation checkpointing are tried; "
+            "then the smallest sequence-, tensor- then pipeline-parallel degree; within each: least recompute, "
+            "least sharding, the largest micro-batch",
         )
     )
     return rows
@@ -283,6 +317,6 @@ def _nothing_fits(
     )
     if world.device == "cuda":
         raise ConfigError(field, message)
-    rows = _rows(overrides, peak, cap, world, tried)
+    rows = _rows(overrides, Fit(peak=peak, dp=0), run, run, cap, world, tried)
     rows[1] = ("why", f"nothing fits: took the smallest estimated peak, {gib(peak)} of {cap:.1f} GiB (CPU RAM)")
     return Choice(run, overrides, rows, warning=message)

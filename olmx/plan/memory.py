@@ -345,10 +345,13 @@ def check(
     vocab: int,
     param_dtype: str,
     sharded: tuple[tuple[int, int], ...] = (),
+    ran_here: str | None = None,
 ) -> list[str]:
     """ConfigError when the estimated peak exceeds the memory a process can use (a GPU's less its
     headroom, or on CPUs its share of the host's RAM: the kernel would kill the workers), naming
-    the cheapest change that fits. Returns the warnings (none: kept for callers)."""
+    the cheapest change that fits. Returns the warnings: the same message as a warning where
+    ``ran_here`` says the run's source trains this very layout on this GPU
+    (:func:`olmx.plan.reference.recipe_ran_here`), whose evidence outranks the estimate."""
     from dataclasses import replace
 
     from olmx.errors import ConfigError
@@ -379,7 +382,11 @@ def check(
         (
             f"{change} (estimated {gib(e.peak)})"
             for change, r, m in tries
-            if (e := estimate(r, m, total_params, vocab, param_dtype, world.device, sharded, *est.plugin_terms, est.compiled)).peak
+            if (
+                e := estimate(
+                    r, m, total_params, vocab, param_dtype, world.device, sharded, *est.plugin_terms, est.compiled
+                )
+            ).peak
             <= cap * GIB
         ),
         "more processes to shard over, a smaller model or a shorter data.seq_len",
@@ -392,4 +399,6 @@ def check(
         + ("" if world.device == "cuda" else " (its share of the host's RAM: the kernel would kill the workers)")
         + f"; cheapest change that fits: {fix}"
     )
+    if ran_here:
+        return [f"{message}. Not refused: {ran_here}"]
     raise ConfigError("memory", message)

@@ -26,6 +26,7 @@ from olmx.plan.hf import check_init_from, hf_export_row
 from olmx.plan.linears import dense_linears
 from olmx.plan.memory import MemoryEstimate
 from olmx.plan.mesh import check_experts, check_tensor_parallel, resolve_mesh
+from olmx.plan.reference import recipe_ran_here
 from olmx.plan.resume import check_resume
 from olmx.registry import Registry
 from olmx.rundir import RunDir
@@ -60,8 +61,10 @@ def plan_from_overrides(overrides: list[str], reg: Registry, *, now: datetime | 
     """The plan that ``olmx train OVERRIDES`` runs: the overrides composed with the config tree,
     typed, and resolved."""
     from olmx.config.compose import compose, to_object
+    from olmx.plan.reference import with_recipe_layout
 
-    return resolve(to_object(compose(overrides, reg), reg), reg, now=now)
+    plan = resolve(to_object(compose(overrides, reg), reg), reg, now=now)
+    return with_recipe_layout(plan, overrides, reg, lambda run: run_cost(run, plan.world, reg))
 
 
 def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Plan:
@@ -91,7 +94,8 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
     data_rows += check_eval(run, mesh, files_here=files_here, off=eval_off)
     assert ctx.execution is not None
     execution = ctx.execution
-    mem_warnings = memory.check(est, run, mesh, world, params.total, vocab, dtypes.param, sharded)
+    ran_here = recipe_ran_here(run, world)
+    mem_warnings = memory.check(est, run, mesh, world, params.total, vocab, dtypes.param, sharded, ran_here)
     mem_rows = memory.rows(est, world)
     idle = max((c.idle_fraction for c in contributions.values()), default=0.0)
     timing = throughput.estimate(run, world, params, batch, dtypes.param, idle=idle)
@@ -177,6 +181,18 @@ class Estimated:
         return self.ctx.mesh
 
 
+def run_cost(run: RunConfig, world: World, reg: Registry) -> tuple[int, float | None]:
+    """``(estimated peak bytes per process, seconds per step or None)`` of ``run`` on ``world``
+    (ConfigError where the plan refuses the run): a recipe's layout beside auto's
+    (:mod:`olmx.plan.reference`)."""
+    from olmx.plan import throughput
+
+    e = estimate_run(run, world, reg)
+    idle = max((c.idle_fraction for c in e.contributions.values()), default=0.0)
+    step = throughput.estimate(run, world, e.params, e.batch, e.ctx.dtypes.param, idle=idle)
+    return e.est.peak, step.seconds
+
+
 def estimate_run(run: RunConfig, world: World, reg: Registry) -> Estimated:
     """The passes of :func:`resolve` that decide the memory estimate; raises ConfigError where
     the run is refused. Resolve runs them once per ``auto`` candidate (:mod:`olmx.plan.auto`)."""
@@ -213,7 +229,17 @@ def estimate_run(run: RunConfig, world: World, reg: Registry) -> Estimated:
     gathered = sum(c.gathered_params for c in contributions.values())
     inflight = max((c.microbatches_in_flight for c in contributions.values()), default=1)
     est = memory.estimate(
-        run, mesh, params.total, vocab, ctx.dtypes.param, world.device, sharded, plugin_acts, gathered, inflight
+        run,
+        mesh,
+        params.total,
+        vocab,
+        ctx.dtypes.param,
+        world.device,
+        sharded,
+        plugin_acts,
+        gathered,
+        inflight,
+        compiled=ctx.execution is not None and ctx.execution.compile,
     )
     return Estimated(ctx, contributions, batch, params, est, sharded)
 

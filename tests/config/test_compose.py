@@ -72,14 +72,20 @@ def test_plugin_sections_are_typed_by_the_plugin_config():
     ("overrides", "field", "text"),
     [
         (["model=nope"], "model", "unknown option 'nope'; allowed: "),
-        (["trainer.stepz=5"], "trainer.stepz", "unknown key of trainer; allowed: max_steps"),
+        (["trainer.stepz=5"], "trainer.stepz", "unknown key 'stepz' of trainer; allowed: activation_checkpointing,"),
+        (["trainer.max_step=5"], "trainer.max_step", "unknown key 'max_step' of trainer; did you mean 'max_steps'?"),
+        (["model=olmo3_7bb"], "model", "unknown option 'olmo3_7bb'; did you mean 'olmo3_7b'?"),
         (["foo.bar=1"], "foo.bar", "no such key; to add a new key write +foo.bar=VALUE"),
         (
             ["parallel.fsdp.wrap=x"],
             "parallel.fsdp.wrap",
-            "allowed: wrapping_strategy, prefetch_factor; fsdp is not selected either",
+            "unknown key 'wrap' of parallel.fsdp; did you mean 'wrapping_strategy'? fsdp is not selected either",
         ),
-        (["data.tokenizer.nmae=x"], "data.tokenizer.nmae", "unknown key of data.tokenizer; allowed: name, vocab_size"),
+        (
+            ["data.tokenizer.nmae=x"],
+            "data.tokenizer.nmae",
+            "key 'nmae' of data.tokenizer; did you mean 'name'?",
+        ),
         (["trainer.max_steps=abc"], "trainer.max_steps", "abc"),
         (["parallel=[zero3]"], "parallel", "unknown option 'zero3'"),
         (["+trainer.max_steps=5"], "trainer.max_steps", "already exists"),

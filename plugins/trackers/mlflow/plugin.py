@@ -104,7 +104,9 @@ class MLflow(TrackerPlugin):
                 require_package(package, extra="mlflow", field=self.section)
             db = shown_path(cfg.tracking_uri)
             where = f"offline: SQLite store {db}, files in {ARTIFACTS}/ beside it ({WHAT}); nothing is sent"
-            return Contribution(rows=[("writes", where), ("read with", f"mlflow ui --backend-store-uri sqlite:///{db}")])
+            return Contribution(
+                rows=[("writes", where), ("read with", f"mlflow ui --backend-store-uri sqlite:///{db}")]
+            )
         if not parts.hostname:
             raise ConfigError(field_name, f"'{cfg.tracking_uri}' names no host")
         server = f"online: tracking server {cfg.tracking_uri}, experiment {cfg.experiment} ({WHAT})"
