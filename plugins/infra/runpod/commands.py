@@ -73,6 +73,7 @@ def up(infra: Any, overrides: list[str], *, dry_run: bool) -> None:
     """``olmx provision runpod up OVERRIDES``: create the pod(s) of the run's plan with the
     plugin ``infra``, wait until they run with SSH, print how to reach them."""
     from olmx.planning import plan_run
+    from olmx_plugins.infra.runpod.creation import candidates, pod_env, pod_name, request, stored_env_note
     from olmx_plugins.infra.runpod.keys import check_ssh_keys
     from olmx_plugins.infra.runpod.provision import ReadyCluster
     from olmx_plugins.infra.runpod.transport import redacted_request
@@ -81,16 +82,16 @@ def up(infra: Any, overrides: list[str], *, dry_run: bool) -> None:
     if plan.run.infra_name != "runpod":
         raise ConfigError("infra", f"olmx provision runpod provisions infra=runpod, not infra={plan.run.infra_name}")
     cfg = plan.infra
-    name = infra._name(cfg, plan)
+    name = pod_name(cfg, plan)
     if dry_run:
-        path, body = infra.request(cfg, name=name, env=infra.pod_env(cfg, values=False))
+        path, body = request(cfg, name=name, env=pod_env(cfg, values=False))
         out.print(redacted_request("POST", path, body), markup=False)
         return
-    env = infra.pod_env(cfg)
-    tries = infra.candidates(cfg, name=name, env=env)
+    env = pod_env(cfg)
+    tries = candidates(cfg, name=name, env=env)
     client = _client()
     check_ssh_keys(client, cfg.ssh_key)
-    if note := infra.stored_env_note(cfg):
+    if note := stored_env_note(cfg):
         err.print(f"note: {note}", markup=False)
     kind = "cluster" if cfg.nodes > 1 else "pod"
     with err.status(f"Creating RunPod {kind} {name} and waiting until it runs"):

@@ -22,9 +22,10 @@ from olmx.errors import ConfigError
 from olmx.plan.resolve import resolve
 from olmx.registry import registry
 from olmx.rundir import RunDir
+from olmx_plugins.infra.runpod import creation
 from olmx_plugins.infra.runpod import remote as rm
 from olmx_plugins.infra.runpod.config import RunPodConfig
-from olmx_plugins.infra.runpod.payload import pinned_requirements
+from olmx_plugins.infra.runpod.payload import build_bundle, pinned_requirements
 from olmx_plugins.infra.runpod.plugin import RUNPOD
 
 GPU8 = ["infra.gpus_per_node=8", "trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
@@ -99,7 +100,7 @@ def test_bad_settings_name_their_key(cfg: RunPodConfig, key: str, match: str) ->
 def test_clusters_default_to_eight_gpus_per_node_and_one_pod_to_one() -> None:
     cluster = RUNPOD.world(RunPodConfig(nodes=2))
     assert (cluster.nnodes, cluster.nproc_per_node) == (2, 8)
-    path, body = RUNPOD.request(RunPodConfig(nodes=2), name="c", env={})
+    path, body = creation.request(RunPodConfig(nodes=2), name="c", env={})
     assert path == "/v2/clusters" and body["compute"]["gpuCountPerPod"] == 8
     assert RUNPOD.world(RunPodConfig()).nproc_per_node == 1
     assert RUNPOD.world(RunPodConfig(nodes=2, gpus_per_node=4)).nproc_per_node == 4
@@ -110,7 +111,7 @@ def test_candidates_are_each_gpu_type_in_each_data_centre_in_order() -> None:
         gpus_per_node=8, gpu_types=["NVIDIA H200", "NVIDIA H100 80GB HBM3"], data_centers=["US-TX-3", "EU-RO-1"]
     )
     RUNPOD.world(cfg)  # H200 is SM90 as the H100: accepted; the repeated H100 is tried once
-    tries = RUNPOD.candidates(cfg, name="p", env={})
+    tries = creation.candidates(cfg, name="p", env={})
     assert [label for label, _ in tries] == [
         "8 x NVIDIA H100 80GB HBM3 in US-TX-3",
         "8 x NVIDIA H100 80GB HBM3 in EU-RO-1",
@@ -118,7 +119,7 @@ def test_candidates_are_each_gpu_type_in_each_data_centre_in_order() -> None:
         "8 x NVIDIA H200 in EU-RO-1",
     ]
     assert [(t.gpu_type_id, t.data_center_ids) for _, t in tries][2] == ("NVIDIA H200", ("US-TX-3",))
-    assert [label for label, _ in RUNPOD.candidates(RunPodConfig(), name="p", env={})] == [
+    assert [label for label, _ in creation.candidates(RunPodConfig(), name="p", env={})] == [
         "1 x NVIDIA H100 80GB HBM3 in any data centre"
     ]
 
@@ -126,7 +127,7 @@ def test_candidates_are_each_gpu_type_in_each_data_centre_in_order() -> None:
 def test_secrets_reach_the_pod_as_runpod_references_and_pass_env_is_flagged(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MY_VALUE", "very-private-value")
     plan = plan_for(tmp_path, *GPU8, "+infra.secrets.HF_TOKEN=hf_read", "infra.pass_env=[MY_VALUE]")
-    env = RUNPOD.pod_env(plan.infra)
+    env = creation.pod_env(plan.infra)
     assert env == {"HF_TOKEN": "{{ RUNPOD_SECRET_hf_read }}", "MY_VALUE": "very-private-value"}
     text = RUNPOD.dry_run(plan.infra, plan)
     assert '"HF_TOKEN": "{{ RUNPOD_SECRET_hf_read }}"' in text and "very-private-value" not in text
@@ -192,7 +193,7 @@ def test_bootstrap_is_valid_bash_and_uses_c10d_on_clusters(tmp_path) -> None:
 
 def test_shipped_bundle_holds_the_pods_plan_the_source_and_the_resume_checkpoint(tmp_path) -> None:
     plan = plan_for(tmp_path, *GPU8, "infra.workdir=/data/olmx")
-    names = _names(RUNPOD._bundle(plan, plan.infra))
+    names = _names(build_bundle(plan, plan.infra))
     assert {
         "run/plan.yaml",
         "bootstrap.sh",
@@ -202,7 +203,7 @@ def test_shipped_bundle_holds_the_pods_plan_the_source_and_the_resume_checkpoint
         "olmx-src/templates/runpod/bootstrap.sh.j2",
     } <= names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or n.startswith("run/checkpoints")]
-    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(RUNPOD._bundle(plan, plan.infra)))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(build_bundle(plan, plan.infra)))) as tar:
         pod_plan = tar.extractfile("run/plan.yaml").read().decode()
     assert "run_dir: /data/olmx/run" in pod_plan and str(tmp_path) not in pod_plan
     # A run that resumes ships its checkpoint and metrics.
@@ -214,7 +215,7 @@ def test_shipped_bundle_holds_the_pods_plan_the_source_and_the_resume_checkpoint
     RunDir(tmp_path / "run").claim()  # a run directory of olmx's (the marker), as a real run leaves it
     plan = plan_for(tmp_path, *GPU8, "infra.install=false")
     assert plan.resume_step == 6
-    names = _names(RUNPOD._bundle(plan, plan.infra))
+    names = _names(build_bundle(plan, plan.infra))
     assert {"run/checkpoints/step6/.metadata.json", "run/checkpoints/step6/__0_0.distcp", "run/metrics.jsonl"} <= names
     assert not [n for n in names if n.startswith("olmx-src")]
 
@@ -443,7 +444,7 @@ def test_the_bootstrap_runs_torchrun_and_a_sigterm_ends_it_with_status_143(tmp_p
     plan = plan_for(
         tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}", f"infra.python={python}"
     )
-    rm.ship(remote, str(work), RUNPOD._bundle(plan, plan.infra))
+    rm.ship(remote, str(work), build_bundle(plan, plan.infra))
     rm.start(remote, str(work))
     watch = rm.Watch(remote, str(work), tmp_path / "local")
     watch.reset()
@@ -481,7 +482,7 @@ def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_p
         "data=text",
         f"data.paths=[{corpus}/*.txt]",
     )
-    data = RUNPOD._bundle(plan, plan.infra)
+    data = build_bundle(plan, plan.infra)
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
         pod_plan = tar.extractfile("run/plan.yaml").read().decode()
         shipped = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.startswith("data/")}
@@ -501,7 +502,7 @@ def test_local_data_files_ship_with_the_run_and_too_much_is_refused_before_any_p
         "data.paths=[/volume/corpus.txt]",
         "infra.ship_data=false",
     )
-    assert not [n for n in _names(RUNPOD._bundle(kept, kept.infra)) if n.startswith("data/")]
+    assert not [n for n in _names(build_bundle(kept, kept.infra)) if n.startswith("data/")]
 
     big = plan_for(
         tmp_path,
@@ -532,7 +533,7 @@ def test_the_bootstrap_ends_with_the_runs_own_code_when_it_stopped_with_a_checkp
     plan = plan_for(
         tmp_path, "infra.gpus_per_node=0", "infra.install=false", f"infra.workdir={work}", f"infra.python={python}"
     )
-    rm.ship(remote, str(work), RUNPOD._bundle(plan, plan.infra, "runpod-test1"))
+    rm.ship(remote, str(work), build_bundle(plan, plan.infra, "runpod-test1"))
     rm.start(remote, str(work))
     watch = rm.Watch(remote, str(work), tmp_path / "local")
     watch.reset()
