@@ -34,7 +34,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -386,7 +386,15 @@ def tokenize(
                 "inputs": [],
                 "shards": [],
             }
-            _check_same_tokenizer(folder, meta, sha, specials)
+            check_same_tokenizer(
+                meta["tokenizer"],
+                str(folder),
+                sha256=sha,
+                path=str(tokenizer_path),
+                ids={"eos_id": specials.eos_id, "bos_id": specials.bos_id},
+                fields={"sha256": "--tokenizer", "eos_id": "--eos-id", "bos_id": "--tokenizer"},
+                then="one folder holds one tokenizer's ids, tokenize into another --out",
+            )
             drop_pending(folder, meta)
             records, skip, todo = _plan_inputs(meta, files)
             job = _Job(folder, meta, files, records, skip, todo, tokenizer, str(tokenizer_path), specials)
@@ -412,19 +420,33 @@ class _Job:
     specials: Specials
 
 
-def _check_same_tokenizer(folder: Path, meta: dict[str, Any], sha: str, specials: Specials) -> None:
-    had = meta["tokenizer"]
-    if had["sha256"] != sha:
+def check_same_tokenizer(
+    had: dict[str, Any],
+    where: str,
+    *,
+    sha256: str | None,
+    path: str,
+    ids: Mapping[str, int | None],
+    fields: Mapping[str, str],
+    then: str,
+) -> None:
+    """Refuse a tokenizer other than the one that wrote a folder's token files (``had``: the
+    ``tokenizer`` record of its :data:`METADATA`; ``where``: the folder or file, for the message):
+    another file (``sha256``, of ``path``; None where there is none to compare) or other end- or
+    beginning-of-document ids (``ids``). ``fields`` names what each of ``sha256``, ``eos_id`` and
+    ``bos_id`` is blamed on (an option of ``olmx data tokenize``, a field of the plan); ``then``
+    says what to do. The one check that ``olmx data tokenize`` (continuing a folder) and the plan
+    (training on its files) make."""
+    if sha256 is not None and had["sha256"] != sha256:
         raise ConfigError(
-            "--tokenizer",
-            f"{folder} holds tokens of another tokenizer ({had['path']}, sha256 {had['sha256'][:12]}; this one is "
-            f"{sha[:12]}): one folder holds one tokenizer's ids, tokenize into another --out",
+            fields["sha256"],
+            f"{where} holds the ids of another tokenizer, {had['path']} (sha256 {had['sha256'][:12]}), not {path} "
+            f"(sha256 {sha256[:12]}): {then}",
         )
     for key in ("eos_id", "bos_id"):
-        if had[key] != getattr(specials, key):
+        if had[key] != ids[key]:
             raise ConfigError(
-                "--eos-id" if key == "eos_id" else "--tokenizer",
-                f"{folder} was tokenized with {key}={had[key]}, this run would use {getattr(specials, key)}",
+                fields[key], f"{where} holds ids of {had['path']}, whose {key} is {had[key]}, not {ids[key]}: {then}"
             )
 
 
@@ -527,17 +549,19 @@ def tokenized_file_rows(run: RunConfig, files: list[Path]) -> list[tuple[str, st
         had = meta["tokenizer"]
         where = f"'{path}' was written by olmx data tokenize with the tokenizer {had['path']} ({folder / METADATA})"
         hint = "" if tok.path else f"; set data.tokenizer.path={had['path']}"
-        if facts is not None and facts.sha256 != had["sha256"]:
-            raise ConfigError(
-                "data.tokenizer.path",
-                f"{where}, sha256 {had['sha256'][:12]}; data.tokenizer.path={tok.path} is another file "
-                f"(sha256 {facts.sha256[:12]}): train with the tokenizer that made the files",
-            )
-        for key in ("eos_id", "bos_id"):
-            if had[key] != getattr(tok, key):
-                raise ConfigError(
-                    f"data.tokenizer.{key}", f"{where}, whose {key} is {had[key]}, not {getattr(tok, key)}{hint}"
-                )
+        check_same_tokenizer(
+            had,
+            f"'{path}' ({folder / METADATA})",
+            sha256=facts.sha256 if facts is not None else None,
+            path=str(tok.path),
+            ids={"eos_id": tok.eos_id, "bos_id": tok.bos_id},
+            fields={
+                "sha256": "data.tokenizer.path",
+                "eos_id": "data.tokenizer.eos_id",
+                "bos_id": "data.tokenizer.bos_id",
+            },
+            then=f"train with the tokenizer that made the files{hint}",
+        )
         if had["vocab_size"] > tok.vocab_size or meta["dtype"] != token_dtype(tok.vocab_size):
             raise ConfigError(
                 "data.tokenizer.vocab_size",

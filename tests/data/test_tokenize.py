@@ -287,7 +287,7 @@ def test_the_plan_takes_the_ids_from_the_tokenizer_and_refuses_conflicts(corpus,
         _plan(*data, f"data.tokenizer.path={corpus['tok']}", "data.tokenizer.eos_id=5")
     with pytest.raises(ConfigError, match=f"defines {vocab} token ids, more than data.tokenizer.vocab_size=300"):
         _plan(*data, f"data.tokenizer.path={corpus['tok']}", "data.tokenizer.vocab_size=300")
-    with pytest.raises(ConfigError, match="data.tokenizer.path: .* another file") as info:
+    with pytest.raises(ConfigError, match="data.tokenizer.path: .* another tokenizer") as info:
         _plan(*data, f"data.tokenizer.path={corpus['other']}")
     with pytest.raises(ConfigError, match=f"data.tokenizer.eos_id: .*set data.tokenizer.path={corpus['tok']}"):
         _plan(*data, f"data.tokenizer.vocab_size={vocab}", "data.tokenizer.eos_id=1", "data.tokenizer.pad_id=1")
