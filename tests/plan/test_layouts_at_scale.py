@@ -76,8 +76,9 @@ FP32 = "precision=fp32"
 
 def gpu_plan(world: int, strategy: str, run_dir: str, reg=None, *extra: str):
     """The plan ``olmx train`` makes for ``strategy`` on ``world`` H100s (Slurm, 8 per node):
-    bf16 compute (precision auto on CUDA) unless ``extra`` says otherwise, one micro-batch of
-    ``MICRO x SEQ`` tokens per data-parallel rank and step."""
+    eager (the blocks the tracker measures), bf16 compute (precision auto on CUDA) unless
+    ``extra`` says otherwise, one micro-batch of ``MICRO x SEQ`` tokens per data-parallel rank
+    and step."""
     from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
 
@@ -92,6 +93,7 @@ def gpu_plan(world: int, strategy: str, run_dir: str, reg=None, *extra: str):
         f"trainer.micro_batch_size={MICRO}",
         f"trainer.global_batch_size={MICRO * world // cp}",
         "eval.interval=0",
+        "trainer.compile=false",  # the tracker measures eager blocks; compiled ones: benchmarks/compiled_activations.py
         f"trainer.run_dir={run_dir}",
         *STRATEGIES[strategy],
         *extra,
