@@ -94,7 +94,7 @@ FREE = {
     "flash_attn_wheel", "network_volume_id", "cloud", "data_centers", "pass_env", "pod_name", "pod_id",
     "cluster_id", "workdir", "python", "ssh_key", "mounts", "env", "gpu_name",
     "partition", "account", "time", "mem", "container_image", "container_mounts", "extra_sbatch_args", "job_name",
-    "tracking_uri", "experiment", "run_name", "downstream", "source", "layout",
+    "tracking_uri", "experiment", "run_name", "downstream", "source", "layout", "ran_on",
 }  # fmt: skip
 
 
