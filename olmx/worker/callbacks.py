@@ -131,6 +131,8 @@ class OlmxMetricsCallback(Callback):
     base_rss_mib: float | None = None
     #: The newest step's record, until its last flush is in (rank 0).
     _held: dict[str, Any] | None = field(default=None, repr=False)
+    #: Where the newest step's line starts in metrics.jsonl (None: not written yet).
+    _held_at: int | None = field(default=None, repr=False)
     #: ``(step, time)`` at the end of the last :data:`WINDOW_STEPS` + 1 steps.
     _ends: deque = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS + 1), repr=False)
 
@@ -166,10 +168,10 @@ class OlmxMetricsCallback(Callback):
         return (last_step - first_step) * self.tokens_per_step / (last - first)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """Collect the step's metrics under the run's names (rank 0 only). A step's metrics can
+        """Write the step's record under the run's names (rank 0 only), at once: the launcher's
+        progress and a run killed mid-way see every step that finished. A step's metrics can
         arrive in two flushes (a checkpoint step: the second has what was recorded after the
-        save; the last step's final checkpoint is saved after ``post_train``), so its record is
-        written when a later step's arrive, or at :meth:`close`."""
+        save); the second replaces the step's line with the merged record."""
         from olmo_core.distributed.utils import get_rank
 
         if get_rank() != 0:
@@ -177,13 +179,14 @@ class OlmxMetricsCallback(Callback):
         named = names.canonical(metrics)
         if self._held is not None and self._held["step"] == step:
             self._held.update(named)
-            return
+        else:
+            self._held, self._held_at = {"step": step, **named, "time": time.time()}, None
         self._write_held()
-        self._held = {"step": step, **named, "time": time.time()}
 
     def _write_held(self) -> None:
-        """Append the held step's record, if it has a loss, a skip or an evaluation."""
-        held, self._held = self._held, None
+        """Write the held step's record, if it has a loss, a skip or an evaluation: appended, or
+        in place of its earlier line (written at offset ``_held_at``)."""
+        held = self._held
         if held is None:
             return
         step = held["step"]
@@ -204,16 +207,16 @@ class OlmxMetricsCallback(Callback):
         if skipped:
             record[names.LOSS] = None
             record["skipped"] = True
-        with open(RunDir(self.run_dir).metrics, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def close(self) -> None:
-        """Write the held record however training ends (an error included)."""
-        self._write_held()
+        with open(RunDir(self.run_dir).metrics, "a+b") as f:
+            if self._held_at is not None:
+                f.truncate(self._held_at)
+            f.seek(0, 2)
+            self._held_at = f.tell()
+            f.write((json.dumps(record) + "\n").encode())
 
     def post_train(self) -> None:
-        """Gather every process's throughput and peak memory into summary.json (the last step's
-        record is written at :meth:`close`, after the final checkpoint's metrics)."""
+        """Gather every process's throughput and peak memory into summary.json (read
+        with every step's record from metrics.jsonl)."""
         import torch.distributed as dist
 
         tps = self._tokens_per_s()
@@ -234,7 +237,6 @@ class OlmxMetricsCallback(Callback):
         path = RunDir(self.run_dir).metrics
         if path.exists():
             records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        records += [self._held] if self._held is not None and not self._held.get(names.NONFINITE_STEP, 0) > 0 else []
         losses = [r[names.LOSS] for r in records if r.get(names.LOSS) is not None]
         guard = self.trainer.callbacks.get("olmx_guard")
         summary = {
