@@ -44,8 +44,12 @@ def test_parallel_auto_takes_the_distributed_optimizer_where_replicas_do_not_fit
     model = ["model.d_model=4096", "model.n_layers=24", "model.hidden_size=11008", "model.n_heads=32"]
     plan = plan_for(*h100, *model, "data.seq_len=2048", "trainer.global_batch_size=64", "trainer.micro_batch_size=1")
     auto = dict(plan.sections["auto"])
-    assert auto["chosen"] == "parallel=[ddp] parallel.ddp.distributed_optimizer=true"
-    assert auto["tried before"].startswith("parallel=[ddp]: ") and "> 73.7 GiB" in auto["tried before"]
+    # trainer.activation_checkpointing unset: auto tries it too, and says it chose none
+    assert (
+        auto["chosen"] == "parallel=[ddp] parallel.ddp.distributed_optimizer=true trainer.activation_checkpointing=null"
+    )
+    tried = auto["tried before"]
+    assert tried.startswith("parallel=[ddp] trainer.activation_checkpointing=null: ") and "> 73.7 GiB" in tried
     assert plan.mesh.shards_params and not plan.mesh.reshard_after_forward
 
 
