@@ -203,7 +203,9 @@ def test_engram_compression_with_a_non_byte_tokenizer_needs_its_tokenizer_json(t
         plan_from_overrides([*common, f"data.tokenizer.path={bad}"], reg)
     good = _tokenizer_json(tmp_path / "tokenizer.json", {"a": 0, "Ġa": 1}, [{"id": 7, "content": "<eos>"}])
     plan = plan_from_overrides([*common, f"data.tokenizer.path={good}"], reg)
-    assert dict(plan.sections["layers.engram"])["tokenizer compression"] == f"dolma2 vocabulary from {good}"
+    assert (
+        dict(plan.sections["layers.engram"])["tokenizer compression"] == f"{tmp_path.name} vocabulary from {good}"
+    )  # named by its folder
     assert (
         dict(plan.sections["layers.engram"])["canonical ids V'"] == "3 of the tokenizer's 8 ids (model vocabulary 128)"
     )

@@ -102,7 +102,9 @@ def test_experiments_resolve(tmp_path, monkeypatch):
     assert dry_run(tmp_path, monkeypatch, "experiment=engram_tiny").exit_code == 0
     with open(tmp_path / "tokens.npy", "wb") as f:  # one step of engram_3p5b: 32 x 4096 uint32 ids (sparse)
         f.truncate(4 * 32 * 4096)
-    out = dry_run(tmp_path, monkeypatch, "experiment=engram_3p5b", f"data.paths=[{tmp_path}/tokens.npy]")
+    a40s = ["infra=runpod", "infra.gpu_type=NVIDIA A40", "infra.gpus_per_node=4", "infra.ship_data=false"]
+    # planned on the 4 A40s it was trained on (on this CPU its 21 GiB a process is refused)
+    out = dry_run(tmp_path, monkeypatch, "experiment=engram_3p5b", f"data.paths=[{tmp_path}/tokens.npy]", *a40s)
     assert out.exit_code == 0, out.stderr
     total = int(
         next(line for line in out.stdout.splitlines() if "│ parameters " in line)
