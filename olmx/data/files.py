@@ -394,7 +394,24 @@ def scanned_raw(path: Path, data: DataConfig) -> Path:
 def token_files(data: DataConfig) -> list[str]:
     """Paths of the raw token arrays OLMo-core reads for ``data``: caches of ``stdlib``/``text``
     (tokenized byte-level, or with ``data.tokenizer.path``, into the cache first if needed), the raw files of ``numpy``
-    as they are and raw copies of its ``np.save``'d files (:func:`raw_copy`)."""
+    as they are and raw copies of its ``np.save``'d files (:func:`raw_copy`). A cache that
+    cannot be written (a full disk, a quota) is one :class:`ConfigError` naming the setting that
+    chose the cache (:func:`cache_field`), the path and the error; a half-written file is removed."""
+    root = cache_dir(data).absolute()
+    try:
+        return _token_files(data)
+    except OSError as exc:
+        where = Path(os.path.abspath(exc.filename)) if exc.filename else None
+        if where is not None and root not in (where, *where.parents):
+            raise  # an input file, not the cache
+        raise ConfigError(
+            cache_field(data),
+            f"cannot write the token cache in '{where or root}': {exc.strerror or exc} "
+            "(data.cache_dir=DIR or $OLMX_CACHE_DIR chooses another place)",
+        ) from None
+
+
+def _token_files(data: DataConfig) -> list[str]:
     if data.name == "numpy":
         arrays: list[str] = []
         for path in text_files(data.paths):

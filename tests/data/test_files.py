@@ -37,6 +37,46 @@ def test_text_is_tokenized_byte_level_once(tmp_path):
     assert token_files(data) != [path]  # a changed file means a new cache
 
 
+def test_a_full_cache_is_one_line_naming_the_setting_the_path_and_the_error(tmp_path, monkeypatch):
+    """A full disk (ENOSPC) while the cache is written: one ConfigError naming data.cache_dir, the
+    cache and the error, and no half-written file left (was an OSError traceback in every worker)."""
+    import errno
+    import os
+    from contextlib import contextmanager
+
+    from olmx import writable
+
+    real = writable.atomic_file
+
+    class Full:
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    @contextmanager
+    def full_disk(out: Path):
+        with real(out):
+            yield Full()
+
+    monkeypatch.setattr(writable, "atomic_file", full_disk)
+    (tmp_path / "a.txt").write_text("hello")
+    cache = tmp_path / "cache"
+    data = DataConfig(name="text", paths=[str(tmp_path / "a.txt")], cache_dir=str(cache))
+    with pytest.raises(ConfigError) as info:
+        token_files(data)
+    assert str(info.value) == (
+        f"data.cache_dir: cannot write the token cache in '{cache}': No space left on device "
+        "(data.cache_dir=DIR or $OLMX_CACHE_DIR chooses another place)"
+    )
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []  # nothing half-written
+
+    def unreadable(self: Path) -> bytes:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    with pytest.raises(PermissionError):  # an input that cannot be read is not the cache's fault
+        token_files(data)
+
+
 def test_stdlib_corpus_is_the_standard_library_only():
     files = stdlib_files()
     assert len(files) > 500
