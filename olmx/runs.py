@@ -26,7 +26,8 @@ class RunRow:
     name: str
     #: Its path.
     path: str
-    #: ``running``, ``finished``, ``stopped``, ``failed``, ``no end recorded`` or ``not started``.
+    #: ``running``, ``finished``, ``stopped``, ``failed``, ``no end recorded``, ``not started`` or
+    #: ``unknown`` (its lock file is unreadable: olmx cannot tell whether it runs).
     state: str
     #: What the state rests on (the lock's holder, the stop's reason, the last message).
     detail: str
@@ -71,6 +72,8 @@ def run_row(path: Path) -> RunRow:
 
 def _state(rd: RunDir) -> tuple[str, str]:
     holder = rd.lock_holder()
+    if holder is not None and holder.unreadable:
+        return "unknown", f"unreadable lock file {rd.lock_file} (not one olmx wrote); the next olmx train takes it over"
     if holder is not None:
         alive = holder.state()
         if alive == "alive":

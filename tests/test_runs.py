@@ -81,6 +81,27 @@ def test_each_state_in_one_line_and_as_json(tmp_path, reference_run):
     assert missing.returncode == 2 and missing.stderr.startswith("error: ROOT: ")
 
 
+def test_a_lock_file_of_binary_garbage_is_an_unknown_state_not_a_traceback(tmp_path):
+    """A lock file that is no text (was a UnicodeDecodeError traceback of olmx runs): its run is
+    listed as unknown, naming the file, and olmx train takes the file over."""
+    root = tmp_path / "runs"
+    run = _run(root, "garbled", steps=1)
+    (run / ".olmx-lock").write_bytes(b"\xff\xfe\x00garbage\x9c")
+    listed = olmx_cli("runs", str(root), "--json")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["state"] == "unknown"
+    assert row["detail"] == (
+        f"unreadable lock file {run / '.olmx-lock'} (not one olmx wrote); the next olmx train takes it over"
+    )
+    lock = RunDir(run).acquire()
+    try:
+        assert lock.took_over is not None and lock.took_over.unreadable
+    finally:
+        lock.release()
+    assert not (run / ".olmx-lock").exists()
+
+
 def test_the_checkpoint_mark_is_olmo_cores():
     from olmo_core.train.checkpoint import Checkpointer
 

@@ -107,10 +107,15 @@ class Holder:
         ns = pid_namespace()
         return self.pid_ns is None or ns is None or self.pid_ns == ns
 
+    @property
+    def unreadable(self) -> bool:
+        """An unreadable lock file (left empty or torn, or not text at all), not a holder."""
+        return self.host == "?"
+
     def state(self) -> str:
         """``alive`` (the launcher or a process it started runs), ``dead`` (none does), or
         ``unknown`` (another host: its processes cannot be seen from here)."""
-        if self.host == "?":  # an unreadable lock: its writer died before it wrote it
+        if self.unreadable:  # its writer died before it wrote it, or something else wrote it
             return "dead"
         if not self.on_this_host():
             return "unknown"
@@ -122,18 +127,32 @@ class Holder:
         return "dead"
 
 
-def _parse_holder(text: str) -> Holder | None:
+def _parse_holder(raw: bytes) -> Holder | None:
+    """The holder ``raw`` records; :func:`_unreadable` where it is no text (olmx writes ASCII
+    JSON, so no write in progress looks like that); None where it is no holder (yet)."""
     try:
-        data = json.loads(text)
+        data = json.loads(raw.decode())
+    except UnicodeDecodeError:
+        return _unreadable(raw)
+    except ValueError:
+        return None
+    try:
         return Holder(**data)
-    except (ValueError, TypeError):
+    except TypeError:
         return None
 
 
+def _unreadable(raw: bytes) -> Holder:
+    """The stand-in holder of a lock file that records none (:attr:`Holder.unreadable`); its
+    token is the file's content, so a takeover removes that file only."""
+    return Holder(host="?", pid=0, started="?", token=f"torn-{raw!r}", command="(unreadable lock)")
+
+
 def read_holder(path: Path) -> Holder | None:
-    """The holder a lock file records (None: no file, or one being written)."""
+    """The holder a lock file records (None: no file, or one being written; a file that is
+    no text: :attr:`Holder.unreadable`)."""
     try:
-        return _parse_holder(path.read_text())
+        return _parse_holder(path.read_bytes())
     except OSError:
         return None
 
@@ -202,14 +221,14 @@ def _wait_readable(lock_file: Path, timeout: float = 2.0) -> Holder | None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            text = lock_file.read_text()
+            raw = lock_file.read_bytes()
         except FileNotFoundError:
             return None
-        holder = _parse_holder(text)
+        holder = _parse_holder(raw)
         if holder is not None:
             return holder
         if time.monotonic() > deadline:
-            return Holder(host="?", pid=0, started="?", token=f"torn-{text!r}", command="(unreadable lock)")
+            return _unreadable(raw)
         time.sleep(0.05)
 
 
