@@ -1,5 +1,7 @@
 """A run's plan from overrides, as ``olmx train OVERRIDES --dry-run`` makes it: the public entry
-for plugin packages (their tests, their own commands). Nothing is written or launched.
+for plugin packages (their tests, their own commands). Nothing is written or launched. And the
+one writability rule (:func:`check_writable`), for a plugin's ``resolve`` to check a place it
+will write outside the run directory (which the core checks).
 
     from olmx.planning import plan_run
 
@@ -11,11 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from olmx.writable import check_writable
+
 if TYPE_CHECKING:
     from olmx.plan import Plan
     from olmx.registry import Registry
 
-__all__ = ["plan_run"]
+__all__ = ["plan_run", "check_writable"]
 
 
 def plan_run(overrides: list[str], reg: Registry | None = None) -> Plan:

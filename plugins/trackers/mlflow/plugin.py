@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from olmx.api import Context, Contribution, TrackerPlugin, require_package
 from olmx.errors import ConfigError
+from olmx.planning import check_writable
 
 #: URI schemes of ``trackers.mlflow.tracking_uri``: a SQLite store or a tracking server.
 SCHEMES = ("sqlite", "http", "https")
@@ -102,6 +103,7 @@ class MLflow(TrackerPlugin):
         if scheme == "sqlite":
             for package in ("sqlalchemy", "alembic"):  # MLflow's SQL store (the full mlflow package brings them)
                 require_package(package, extra="mlflow", field=self.section)
+            check_store(cfg.tracking_uri, field_name)
             db = shown_path(cfg.tracking_uri)
             where = f"offline: SQLite store {db}, files in {ARTIFACTS}/ beside it ({WHAT}); nothing is sent"
             return Contribution(
@@ -137,6 +139,20 @@ class MLflow(TrackerPlugin):
 def _db_path(value: str | None) -> str:
     """The file a ``sqlite:///PATH`` URI names, as written (null: the default store's)."""
     return DEFAULT_DB if value is None else value.removeprefix("sqlite:///")
+
+
+def check_store(value: str | None, field: str) -> None:
+    """Refuse a SQLite store that MLflow could not open: no file named (``sqlite:///``: MLflow
+    would open the run directory itself; ``sqlite://``: a store in memory, gone with the run), a
+    folder, or an absolute file whose folder cannot be created or written (MLflow makes the
+    missing folders; a relative file is inside the run directory, which the core checks)."""
+    raw = _db_path(value)
+    path = Path(raw)
+    named = value is None or value.startswith("sqlite:///")
+    if not named or not raw.strip() or raw.endswith("/") or (path.is_absolute() and path.is_dir()):
+        raise ConfigError(field, f"'{value}' names no SQLite file: write sqlite:///PATH/mlflow.db")
+    if path.is_absolute():
+        check_writable(path.parent, field, hint=f"MLflow writes the store {path} there")
 
 
 def shown_path(value: str | None) -> str:

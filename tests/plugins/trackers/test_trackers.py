@@ -406,6 +406,13 @@ def test_wandb_offline_records_the_run_and_touches_no_network(tmp_path, cache, m
         ("file:/shared/mlruns", "is a file store, which MLflow 3 keeps in maintenance mode"),
         ("mlruns", "use a SQLite store, its recommended local one: sqlite:///PATH/mlflow.db"),
         ("https://", "names no host"),
+        # MLflow would open the run directory itself as its store / find the folder only after launch
+        ("sqlite:///", "'sqlite:///' names no SQLite file: write sqlite:///PATH/mlflow.db"),
+        (
+            "sqlite:////dev/null/x/mlflow.db",
+            "'/dev/null/x' cannot be created: '/dev/null' is not a directory (MLflow writes the store "
+            "/dev/null/x/mlflow.db there)",
+        ),
     ],
 )
 def test_mlflow_tracking_uris_that_cannot_work_are_refused_by_the_plan(tmp_path, uri, text):
