@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from dataclasses import dataclass
 from enum import Enum
@@ -30,7 +31,7 @@ from typing import Any
 
 from olmx.errors import ConfigError
 
-__all__ = ["Rule", "setting", "rule_of", "allowed", "check", "check_choices", "plain"]
+__all__ = ["Rule", "setting", "rule_of", "allowed", "check", "check_plain", "plain"]
 
 #: The ``dataclasses.field`` metadata key a :class:`Rule` is stored under.
 RULE_KEY = "olmx.rule"
@@ -59,12 +60,16 @@ class Rule:
     integer: bool = False
     #: The name of a field of the same section this value must divide (both not None).
     divides: str | None = None
+    #: One value allowed besides the bounds: a sentinel such as ``-1`` (full attention).
+    also: float | None = None
 
     def describe(self) -> str:
         """The allowed values in words: ``a positive integer``, ``a number in (0, 1]``, ..."""
         if self.choices is not None:
             return f"one of {', '.join(self.choices)}"
         bounds = self._bounds() + (f" dividing {self.divides}" if self.divides else "")
+        if self.also is not None and bounds:
+            bounds = f"{bounds} or {_num(self.also)}"
         if self.length is not None:
             return f"{self.length} numbers" + (f", each {bounds}" if bounds else "")
         return f"each {bounds}" if self.items and bounds else bounds
@@ -95,6 +100,8 @@ class Rule:
 
     def _out_of_bounds(self, v: Any) -> bool:
         if not any(b is not None for b in (self.ge, self.gt, self.le, self.lt)):
+            return False
+        if self.also is not None and not isinstance(v, bool) and v == self.also:
             return False
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             return True
@@ -127,10 +134,12 @@ def setting(
     items: bool = False,
     integer: bool | None = None,
     divides: str | None = None,
+    also: float | None = None,
 ) -> Any:
     """A dataclass field with ``default`` (or ``factory``) and the rule its values obey.
     ``integer`` defaults to whether ``default`` is an int (the text says "integer");
-    ``divides`` names a field of the same section the value must divide. A closed choice is a
+    ``divides`` names a field of the same section the value must divide; ``also`` is one value
+    allowed besides the bounds (``-1``: a sentinel). A closed choice is a
     ``StrEnum`` field (its members' values are what users write): its values are the rule's
     ``choices``, taken from the default's enum, or from ``choices`` (the enum) where the default
     is None; a ``str`` field may list its values in ``choices`` instead."""
@@ -140,7 +149,16 @@ def setting(
         choices = type(default)
     values = tuple(m.value for m in choices) if isinstance(choices, type) else choices
     rule = Rule(
-        ge=ge, gt=gt, le=le, lt=lt, choices=values, length=length, items=items, integer=integer, divides=divides
+        ge=ge,
+        gt=gt,
+        le=le,
+        lt=lt,
+        choices=values,
+        length=length,
+        items=items,
+        integer=integer,
+        divides=divides,
+        also=also,
     )
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata={RULE_KEY: rule})
@@ -170,27 +188,42 @@ def plain(value: Any) -> Any:
     return value
 
 
-def check_choices(cls: type, values: Any, where: str) -> None:
-    """Raise :class:`ConfigError` at the first closed choice in the plain ``values`` of the
-    dataclass ``cls`` that is none of its values, as :func:`check` words it (before OmegaConf,
-    which would turn the string into the enum member and word a refusal its own way); nested
-    sections and dicts of sections are walked."""
+#: What a switch (a ``bool`` field) allows, worded as a closed choice.
+SWITCH = Rule(choices=("true", "false"))
+#: The types of a mapping of single values (``infra.env: dict[str, str]``).
+SCALARS = (str, int, float, bool)
+
+
+def check_plain(cls: type, values: Any, where: str) -> None:
+    """Raise :class:`ConfigError` at the first value in the plain ``values`` of the dataclass
+    ``cls`` that OmegaConf would take the wrong way, as :func:`check` words it: a closed choice
+    that is none of its values (OmegaConf would turn the string into the enum member and word a
+    refusal its own way); a switch (a ``bool`` field) given anything but true or false (OmegaConf
+    reads ``2`` and ``yes`` as true); a list or mapping as a value of a mapping of single values
+    (``infra.env.X=[0,1]``: OmegaConf keeps it, and it would reach the environment as Python
+    text). Nested sections and dicts of sections are walked."""
     if not isinstance(values, dict):
         return
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         if f.name not in values:
             continue
-        value, key = values[f.name], f"{where}.{f.name}" if where else f.name
+        value, key, hint = values[f.name], f"{where}.{f.name}" if where else f.name, hints.get(f.name)
         rule = rule_of(f)
         if rule is not None and rule.choices is not None and value is not None and value not in rule.choices:
             raise ConfigError(key, _message(rule, value, optional=_optional(f)))
-        inner = _dataclass_in(hints.get(f.name))
+        if _single(hint) is bool and value is not None and not isinstance(value, bool):
+            raise ConfigError(key, _message(SWITCH, value, optional=_optional(f)))
+        inner, items = _dataclass_in(hint), _dict_values(hint)
+        section = _dataclass_in(items)
         if inner is not None and isinstance(value, dict):
-            check_choices(inner, value, key)
-        elif _dict_of_dataclass(hints.get(f.name)) is not None and isinstance(value, dict):
+            check_plain(inner, value, key)
+        elif items is not None and isinstance(value, dict):
             for name, item in value.items():
-                check_choices(_dict_of_dataclass(hints[f.name]), item, f"{key}.{name}")  # type: ignore[arg-type]
+                if section is not None:
+                    check_plain(section, item, f"{key}.{name}")
+                elif items in SCALARS and isinstance(item, (dict, list)):
+                    raise ConfigError(f"{key}.{name}", f"must be a single value (a string, number or bool), got {item}")
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -200,18 +233,27 @@ def _hints(cls: type) -> dict[str, Any]:
         return {}
 
 
+def _single(tp: Any) -> Any:
+    """The one type ``tp`` is, or that ``Optional[tp]`` holds (None: a union of several)."""
+    options = [a for a in typing.get_args(tp) if a is not type(None)] if _is_union(tp) else [tp]
+    return options[0] if len(options) == 1 else None
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
 def _dataclass_in(tp: Any) -> type | None:
     """The dataclass ``tp`` is, or that ``Optional[tp]`` holds."""
-    options = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) else [tp]
-    if len(options) == 1 and isinstance(options[0], type) and dataclasses.is_dataclass(options[0]):
-        return options[0]
-    return None
+    one = _single(tp)
+    return one if isinstance(one, type) and dataclasses.is_dataclass(one) else None
 
 
-def _dict_of_dataclass(tp: Any) -> type | None:
-    """The dataclass of the values of ``dict[str, tp]``."""
-    if typing.get_origin(tp) is dict and len(typing.get_args(tp)) == 2:
-        return _dataclass_in(typing.get_args(tp)[1])
+def _dict_values(tp: Any) -> Any:
+    """The type of the values of ``dict[str, tp]`` (or of an optional one); None: no such dict."""
+    one = _single(tp)
+    if typing.get_origin(one) is dict and len(typing.get_args(one)) == 2:
+        return typing.get_args(one)[1]
     return None
 
 
@@ -254,4 +296,6 @@ def _message(rule: Rule, value: Any, *, optional: bool) -> str:
     if rule.choices is not None:
         return f"'{value}' is not one of {', '.join(rule.choices)}{', null' if optional else ''}"
     shown = list(value) if isinstance(value, (list, tuple)) else value
-    return f"must be {rule.describe()}{' or null' if optional else ''}, got {shown}"
+    text = rule.describe()
+    null = (", or null" if " or " in text else " or null") if optional else ""
+    return f"must be {text}{null}, got {shown}"

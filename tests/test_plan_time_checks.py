@@ -167,6 +167,24 @@ CATALOGUE = [
         "model.d_model=7 / model.n_heads=1 makes heads of 7 dimensions; OLMo-core's RoPE rotates pairs",
     ),
     (["model.init_std=0"], {}, "model.init_std", "positive finite"),
+    # what the workers refused (OLMo-core's seed_all, its sliding-window config): refused by the plan
+    (["trainer.seed=-1"], {}, "trainer.seed", "must be an integer in [0, 4,294,967,295], got -1"),
+    (
+        ["model.sliding_window=[0]"],
+        {},
+        "model.sliding_window",
+        "must be each a positive integer or -1, or null, got [0]",
+    ),
+    # switches take true or false (OmegaConf read 2 and yes as true), the core's and a plugin's
+    (["model.qk_norm=2"], {}, "model.qk_norm", "'2' is not one of true, false"),
+    (["precision=mxfp8", "precision.emulate=yes"], {}, "precision.emulate", "'yes' is not one of true, false"),
+    # a mapping of single values (the environment of a job) takes no list or mapping
+    (
+        ["infra=slurm", "infra.env.X=[0,1]"],
+        {},
+        "infra.env.X",
+        "must be a single value (a string, number or bool), got [0, 1]",
+    ),
     # duplicates in list-selected groups (Hydra would keep one)
     (["parallel=[ddp,ddp]"], {}, "parallel", "'ddp' is listed twice in parallel=[ddp,ddp]; list each plugin once"),
     (["layers=[moe,moe]"], {}, "layers", "'moe' is listed twice in layers=[moe,moe]"),

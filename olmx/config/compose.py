@@ -328,7 +328,7 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
         message = f"expected named sources (data.sources.NAME.paths=[...]), got {raw_sources!r}"
         raise ConfigError("data.sources", message)
     sources = {name: _typed(SourceConfig, values or {}, f"data.sources.{name}") for name, values in raw_sources.items()}
-    rules.check_choices(RunConfig, container, "")
+    rules.check_plain(RunConfig, container, "")
     try:
         base = OmegaConf.merge(_schema(RunConfig), container)
         run = OmegaConf.to_object(base)
@@ -379,7 +379,7 @@ def _typed(config_cls: type, values: dict[str, Any], where: str) -> Any:
 
     if not isinstance(values, dict):
         raise ConfigError(where, f"expected a section of keys ({where}.KEY=VALUE), got {values!r}")
-    rules.check_choices(config_cls, values, where)
+    rules.check_plain(config_cls, values, where)
     try:
         merged = OmegaConf.merge(_schema(config_cls), values)
         obj = OmegaConf.to_object(merged)

@@ -43,6 +43,10 @@ class DataSource(StrEnum):
     numpy = "numpy"
 
 
+#: Largest ``trainer.seed``: OLMo-core's ``seed_all`` (numpy's legacy seeding) takes seeds in
+#: [0, 2**32 - 1] and refuses the rest in every worker.
+MAX_SEED = 2**32 - 1
+
 #: Upper bound of ``data.seq_len``: longer sequences are a typo, not a run (OLMo-core keeps
 #: RoPE tables and attention over the whole sequence; 1 Mi tokens is beyond any olmx recipe,
 #: conf/experiment/long_context.yaml suggests up to 131,072).
@@ -114,9 +118,10 @@ class ModelConfig:
     rope_theta: int = setting(500_000, ge=1)
     #: Epsilon of every RMSNorm.
     layer_norm_eps: float = setting(1e-5, gt=0)
-    #: Sliding-window pattern cycled over layers (-1 = full attention), as in OLMo 3;
-    #: the last layer always attends fully. null disables sliding windows.
-    sliding_window: Optional[list[int]] = None
+    #: Sliding-window pattern cycled over layers: each a window in tokens, or -1 for full
+    #: attention (OLMo-core's ``SlidingWindowAttentionConfig`` refuses 0 and other negatives), as in
+    #: OLMo 3; the last layer always attends fully. null disables sliding windows.
+    sliding_window: Optional[list[int]] = setting(None, ge=1, also=-1, items=True, integer=True)
     #: Attention kernel: ``auto`` (with 16-bit compute on CUDA: flash-attn 3 on SM90+ where
     #: installed, else flash-attn 2 where installed, else torch SDPA; torch SDPA otherwise),
     #: ``torch``, ``flash_2``, ``flash_3`` (flash-attn takes only 16-bit inputs: refused with
@@ -291,8 +296,8 @@ class TrainerConfig:
     max_grad_norm: Optional[float] = setting(1.0, gt=0)
     #: Z-loss multiplier (null disables).
     z_loss: Optional[float] = setting(None, ge=0, integer=False)
-    #: Seed of initialisation and data order.
-    seed: int = 42
+    #: Seed of initialisation and data order, in [0, 4,294,967,295] (OLMo-core's ``seed_all``).
+    seed: int = setting(42, ge=0, le=MAX_SEED)
     #: Run directory (checkpoints, metrics, logs, plan). Default: a new folder under
     #: ``runs_root``.
     run_dir: Optional[str] = None

@@ -26,6 +26,7 @@ from olmx.rules import Rule, check, rule_of, setting
         (Rule(choices=("a", "b")), "one of a, b", ["a"], ["c", ""]),
         (Rule(ge=0, items=True, integer=True), "each an integer >= 0", [[], [0, 3]], [[0, -1]]),
         (Rule(ge=0, lt=1, length=2), "2 numbers, each a number in [0, 1)", [[0.9, 0.95]], [[0.9], [0.9, 1.0]]),
+        (Rule(ge=1, also=-1, items=True, integer=True), "each a positive integer or -1", [[-1, 8], []], [[0], [-2]]),
     ],
 )
 def test_a_rule_says_what_it_allows_and_refuses_the_rest(rule, text, good, bad):
@@ -88,7 +89,7 @@ def test_a_divisibility_between_two_fields_is_declared_once_and_checked_after_th
 #: Fields whose values are free (names, paths, URLs, dtypes checked with the precision rules,
 #: a seed, switches): everything else that is a number, a string or a list declares a rule.
 FREE = {
-    "name", "path", "paths", "cache_dir", "run_dir", "runs_root", "init_from", "sliding_window", "seed",
+    "name", "path", "paths", "cache_dir", "run_dir", "runs_root", "init_from",
     "compile", "degree", "param_dtype", "reduce_dtype", "exclude", "dir", "project", "entity", "group", "tags",
     "notes", "base_url", "master_addr", "data", "gpu_type", "gpu_types", "cpu_flavor", "image", "min_cuda_version",
     "flash_attn_wheel", "network_volume_id", "cloud", "data_centers", "pass_env", "pod_name", "pod_id",
