@@ -185,6 +185,23 @@ CATALOGUE = [
         "infra.env.X",
         "must be a single value (a string, number or bool), got [0, 1]",
     ),
+    # interpolations that do not resolve, and what Hydra's grammar reads only inside quotes
+    (
+        ["trainer.run_dir=${{oc.env:OLMX_UNSET_41}}/x"],
+        {},
+        "trainer.run_dir",
+        "environment variable OLMX_UNSET_41 is not set (${oc.env:OLMX_UNSET_41}); export it, or give a default: "
+        "${oc.env:OLMX_UNSET_41,DEFAULT}",
+    ),
+    (["trainer.run_dir=${{nope}}/x"], {}, "trainer.run_dir", "Interpolation key 'nope' not found"),
+    (
+        ["trainer.run_dir=/tmp/ü/x"],
+        {},
+        "trainer.run_dir",
+        "'/tmp/ü/x' has characters Hydra's override grammar reads only inside quotes; quote the value: "
+        """'trainer.run_dir="/tmp/ü/x"'""",
+    ),
+    (["data.paths=[/tmp/ü]"], {}, "data.paths", """quote each item: 'data.paths=["/tmp/ü"]'"""),
     # duplicates in list-selected groups (Hydra would keep one)
     (["parallel=[ddp,ddp]"], {}, "parallel", "'ddp' is listed twice in parallel=[ddp,ddp]; list each plugin once"),
     (["layers=[moe,moe]"], {}, "layers", "'moe' is listed twice in layers=[moe,moe]"),

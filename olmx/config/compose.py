@@ -216,16 +216,52 @@ def _config_error(exc: Exception, reg: Registry) -> ConfigError:
                 key, f"no such key; to add a new key write +{key}=VALUE (see olmx train --dry-run for the keys)"
             )
         )
+    if text.startswith("LexerNoViableAltException"):
+        return _unquoted_error(exc)
     appended = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
     if appended:
         key = appended.group(1)
         return ConfigError(key, f"already exists; set it with {key}=VALUE (no '+')")
     full_key = getattr(exc, "full_key", None)
     first = text.splitlines()[0] if text else type(exc).__name__
+    env = re.search(r"Environment variable '([^']+)' not found", first)
+    if env:
+        name = env.group(1)
+        first = (
+            f"environment variable {name} is not set (${{oc.env:{name}}}); export it, or give a default: "
+            f"${{oc.env:{name},DEFAULT}}"
+        )
+    else:  # OmegaConf's "KeyError raised while resolving interpolation: ..." says which error, not which value
+        first = re.sub(r"^\w+ raised while resolving interpolation: ", "interpolation: ", first)
     if full_key:
         return ConfigError(str(full_key), first)
     key = re.search(r"full_key: ([\w.\[\]]+)", text)
     return ConfigError(key.group(1) if key else "overrides", first)
+
+
+def _unquoted_error(exc: Exception) -> ConfigError:
+    """Hydra's lexer stopped at a character its override grammar reads only inside quotes
+    (a non-ASCII letter, ``#``, ``;``, ``&``, ...): the override, quoted as it must be written."""
+    text = str(exc)
+    override = str(getattr(exc, "override", "") or text.splitlines()[0].partition(": ")[2])
+    key, eq, value = override.partition("=")
+    lines = text.splitlines()
+    at = lines[1].find("^") - len("LexerNoViableAltException: ") if len(lines) > 1 else -1
+    if not eq or 0 <= at <= len(key):
+        return ConfigError(
+            key, f"'{override}' is not a key Hydra's override grammar reads (letters a-z, digits, _ . -)"
+        )
+    bare = value.strip()
+    if bare.startswith("[") and bare.endswith("]") and not any(c in bare[1:-1] for c in "[]{}'\""):
+        items = ",".join(f'"{item.strip()}"' for item in bare[1:-1].split(","))
+        how = f"quote each item: '{key}=[{items}]'"
+    elif bare.startswith(("[", "{")):
+        how = f'quote each item or value inside it ({key}=["a","b"], {key}={{k: "v"}})'
+    elif '"' in value:
+        how = f"quote the value: \"{key}='{value}'\""
+    else:
+        how = f"quote the value: '{key}=\"{value}\"'"
+    return ConfigError(key, f"{value!r} has characters Hydra's override grammar reads only inside quotes; {how}")
 
 
 def _plugin_key_error(key: str, reg: Registry, *, missing: str = "") -> ConfigError | None:
@@ -299,7 +335,10 @@ def to_object(cfg: Any, reg: Registry) -> RunConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:  # an interpolation (${oc.env:NAME}, ${key}) that does not resolve
+        raise _config_error(exc, reg) from None
     assert isinstance(container, dict)
     sections: dict[str, Any] = {}
     for kind, group in CONFIG_GROUPS.items():
