@@ -275,6 +275,27 @@ def test_good_files_pass_and_the_plan_says_how_they_are_read(tmp_path, monkeypat
     assert list(tmp_path.iterdir()) == []  # nothing written, the cache not even created
 
 
+def test_init_from_without_the_hf_extra_is_refused_by_the_plan(tmp_path, monkeypatch):
+    """model.init_from where transformers is not installed (simulated: the import finder finds
+    none): one line naming the extra, before anything is written; the worker would need it."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a)
+    )
+    (tmp_path / "hf").mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = CliRunner().invoke(app, ["train", f"model.init_from={tmp_path / 'hf'}"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        "error: model.init_from: needs the transformers package, which is not installed: pip install 'olmx[hf]'"
+    )
+    assert list(work.iterdir()) == []
+
+
 def test_a_warmup_longer_than_the_run_is_a_plan_warning(tmp_path, monkeypatch):
     """Short smoke runs keep a recipe's warm-up: a warning in the plan, not a refusal."""
     monkeypatch.chdir(tmp_path)
