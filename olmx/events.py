@@ -5,14 +5,17 @@ line: every start of the worker group (``start``, with the torchrun ``attempt`` 
 resumed from), checkpoints found partial or corrupt at resume (``checkpoint_partial``,
 ``checkpoint_corrupt``), non-finite steps (``nonfinite``), how the processes ended (``end``,
 ``reason``: ``max_steps``, ``stop_at_step``, a signal name or ``nonfinite``, with the step whose
-checkpoint was saved), a ``trainer.resume=false`` start (``fresh``, ``moved_to``: where the
+checkpoint was saved), hangs the watchdog found (``hang``: the step, the culprit ``ranks``, the
+``collective`` the others waited in, a ``summary`` line, the ``folder`` with every rank's
+stack), a ``trainer.resume=false`` start (``fresh``, ``moved_to``: where the
 earlier checkpoints were moved aside, or null), and the rank failures the
 launcher read from torchrun (``rank_failed``). The launcher, ``olmx
 report`` and a requeueing batch script read it; nothing here imports torch.
 
 Each record carries ``time`` and, when the launcher set ``OLMX_LAUNCH_ID`` in the environment
 of torchrun, ``launch``: the outcome of one launch is read from that launch's records only.
-Only rank 0 (or the launcher) writes; records are single short ``write`` calls in append mode.
+Only rank 0 (or the launcher) writes, except a ``hang``, written by the first live rank to
+reach the verdict; records are single short ``write`` calls in append mode.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ __all__ = [
     "LAUNCH_ENV",
     "EXIT_PREEMPTED",
     "EXIT_NONFINITE",
+    "EXIT_HANG",
+    "hang_message",
     "append_event",
     "read_events",
     "Outcome",
@@ -47,6 +52,9 @@ EXIT_PREEMPTED = 75
 #: Exit code of a run stopped on a non-finite loss or gradient (``trainer.on_nonfinite=stop``)
 #: after saving a checkpoint of the last good parameters.
 EXIT_NONFINITE = 76
+#: Exit code of a run whose ranks made no progress for ``trainer.hang_timeout`` (the hang
+#: watchdog ended them, :mod:`olmx.worker.watchdog`): the ``hang`` event names the ranks.
+EXIT_HANG = 77
 
 
 def append_event(run_dir: str | Path, event: str, **fields: Any) -> dict[str, Any]:
@@ -85,8 +93,9 @@ def read_events(run_dir: str | Path, *, launch: str | None = None, since: float 
 class Outcome:
     """How a launch ended, as its events tell it."""
 
-    #: ``complete``, ``stopped`` (signal), ``nonfinite`` (stopped on a non-finite loss) or
-    #: ``failed`` (no final record: the processes died or raised).
+    #: ``complete``, ``stopped`` (signal), ``nonfinite`` (stopped on a non-finite loss),
+    #: ``hang`` (the hang watchdog ended the ranks) or ``failed`` (no final record: the
+    #: processes died or raised).
     state: str
     #: The exit code ``olmx train`` should end with.
     exit_code: int
@@ -103,12 +112,14 @@ def outcome(
     :func:`read_events`; ``returncode``: torchrun's, used when there is none)."""
     final = None
     for record in read_events(run_dir, launch=launch, since=since):
-        if record["event"] == "end":
+        if record["event"] in ("end", "hang"):
             final = record
         elif record["event"] == "start":
             final = None  # a later attempt started: only its own end counts
     if final is None:
         return Outcome("failed", returncode or 1, None, "the processes ended without a final record")
+    if final["event"] == "hang":
+        return Outcome("hang", EXIT_HANG, None, hang_message(final))
     step, reason = final.get("step"), final.get("reason")
     if reason == "max_steps":
         return Outcome("complete", 0, step, f"finished at step {step}")
@@ -132,6 +143,14 @@ def outcome(
     return Outcome("stopped", EXIT_PREEMPTED, step, f"stopped by {reason}; checkpoint saved at step {step}")
 
 
+def hang_message(record: dict[str, Any]) -> str:
+    """One line for a ``hang`` record: the step, who stopped or spins, where the stacks are."""
+    return (
+        f"hang at step {record.get('step')}: no progress for {record.get('timeout'):g} s "
+        f"(trainer.hang_timeout); {record.get('summary')}; every rank's stack in {record.get('folder')}"
+    )
+
+
 def signal_exit_code(signal_name: str | None) -> int:
     """The shell's exit status of a process ended by ``signal_name`` (``SIGTERM``: 143), for a
     stop that saved nothing (75 is kept for stops with a checkpoint to resume from)."""
@@ -145,8 +164,8 @@ def signal_exit_code(signal_name: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m olmx.events RUN_DIR [LAUNCH_ID]``: print a run's (or launch's) outcome and
-    exit with its code (0 complete, 75 preempted with a checkpoint, 76 non-finite stop, 1
-    failed): what a batch script checks before it requeues a job."""
+    exit with its code (0 complete, 75 preempted with a checkpoint, 76 non-finite stop, 77
+    hang, 1 failed): what a batch script checks before it requeues a job."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv

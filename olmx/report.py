@@ -132,7 +132,7 @@ def _launches(run: RunData) -> list[dict[str, Any]]:
         if e["event"] == "start":
             launch["starts"].append(e)
             launch["end"] = None  # a later attempt: only its own end counts
-        elif e["event"] == "end":
+        elif e["event"] in ("end", "hang"):
             launch["end"] = e
         elif e["event"] == "rank_failed":
             launch["failures"][e.get("attempt", 0)] = e
@@ -142,6 +142,8 @@ def _launches(run: RunData) -> list[dict[str, Any]]:
 def _ending(launch: dict[str, Any]) -> tuple[str, str]:
     """(state, detail) of how one launch ended."""
     end, last = launch["end"], len(launch["starts"]) - 1
+    if end is not None and end["event"] == "hang":
+        return "hung", f"at step {end.get('step')}: {end.get('summary')}"
     if end is not None:
         reason, step = end.get("reason"), end.get("step")
         if reason == "max_steps":

@@ -1,5 +1,6 @@
 """How the worker executes the run, decided at plan time for the target's device (the plan's
-``execution``): the attention kernel rule, ``torch.compile`` and the metrics cadence.
+``execution``): the attention kernel rule, ``torch.compile``, the metrics cadence and the hang
+watchdog's timeout.
 
 The plan is made where the run is described (a laptop, a login node), not where it runs, so
 the attention backend is a rule the worker applies with what is installed there
@@ -20,6 +21,10 @@ COMPILE_MODES = ("auto", "true", "false")
 #: Metric records per step on CUDA when ``trainer.log_interval`` is null (OLMo-core's scripts
 #: collect every 10-50 steps: collecting syncs the host with the device).
 CUDA_LOG_INTERVAL = 10
+#: ``trainer.hang_timeout`` when null, seconds: 10 minutes on CUDA (NCCL's own default
+#: collective timeout; a step, evaluation or save of a healthy run ends well within it), 30
+#: minutes on CPUs (gloo's default; CPU steps of real models take minutes).
+HANG_TIMEOUT = {"cuda": 600, "cpu": 1800}
 
 
 def windows_matter(windows: list[int] | tuple[int, ...] | None, seq_len: int | None) -> bool:
@@ -43,6 +48,8 @@ class Execution:
     compile: bool = False
     #: Steps between metric collections (and ``metrics.jsonl`` records).
     log_interval: int = 1
+    #: Seconds without progress before the hang watchdog ends the run (0: off).
+    hang_timeout: int = 0
     #: Plan rows: the rule, and why.
     notes: tuple[str, ...] = ()
 
@@ -113,7 +120,14 @@ def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
         f"metrics: every {interval} step(s)"
         + ("" if t.log_interval else f" (null: {CUDA_LOG_INTERVAL} on CUDA, 1 on CPUs)")
     )
-    return Execution(attention=backend, compile=compile_, log_interval=interval, notes=tuple(notes))
+    hang = HANG_TIMEOUT.get(world.device, HANG_TIMEOUT["cpu"]) if t.hang_timeout is None else t.hang_timeout
+    notes.append(
+        f"hang watchdog: {f'{hang} s without progress on any rank' if hang else 'off'}"
+        + (f" (null: {HANG_TIMEOUT['cuda']} on CUDA, {HANG_TIMEOUT['cpu']} on CPUs)" if t.hang_timeout is None else "")
+    )
+    return Execution(
+        attention=backend, compile=compile_, log_interval=interval, hang_timeout=hang, notes=tuple(notes)
+    )
 
 
 def profile_notes(t: Any, world: World) -> list[str]:

@@ -14,6 +14,8 @@
       work/            OLMo-core's work files (dataset and loader indices, fault records)
       report/          ``olmx report``'s tables and plots
       profile/         ``trainer.profile``'s Chrome traces and memory snapshots
+      hang/            what the hang watchdog found, per attempt: every rank's heartbeat,
+                       stack and process state, the verdict (olmx.worker.watchdog)
       .olmx-run        the marker: olmx created or claimed this folder (olmx writes and
                        removes files only in folders that carry it)
       .olmx-lock       held by the one ``olmx train`` that writes the run now (host, pid, start)
@@ -49,6 +51,7 @@ LOGS = "logs"
 WORK = "work"
 REPORT = "report"
 PROFILE = "profile"
+HANG = "hang"
 MARKER_FILE = ".olmx-run"
 LOCK_FILE = ".olmx-lock"
 #: Prefix of the folders ``trainer.resume=false`` moves earlier checkpoints into.
@@ -119,6 +122,11 @@ class RunDir:
     def profile(self) -> Path:
         """``profile/``: ``trainer.profile``'s Chrome traces and memory snapshots."""
         return self.path / PROFILE
+
+    @property
+    def hang(self) -> Path:
+        """``hang/``: the hang watchdog's heartbeats, stacks and verdicts, one folder per attempt."""
+        return self.path / HANG
 
     def latest_checkpoint(self) -> int | None:
         """Step of the newest complete checkpoint (None if there is none)."""

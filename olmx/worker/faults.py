@@ -46,7 +46,10 @@ file in ``RUN_DIR/work/faults/``), so a restarted or resumed run passes the step
 - ``hold``: the rank waits there until a stop signal arrives (at most 120 s), so a test can
   send a real signal at a known step;
 - ``killsave``: SIGKILL of the rank while saving that step's checkpoint, after its files are
-  written and before it is verified and published.
+  written and before it is verified and published;
+- ``stop``: SIGSTOP of the rank after its backward pass (a wedged process: the hang watchdog's
+  case, :mod:`olmx.worker.watchdog`);
+- ``spin``: the rank loops in Python there for good (a rank that spins instead of stepping).
 """
 
 from __future__ import annotations
@@ -226,6 +229,11 @@ def inject(kind: str, step: int) -> bool:
             os.kill(os.getpid(), signal.SIGKILL)
         elif kind == "term":
             os.kill(os.getpid(), signal.SIGTERM)
+        elif kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif kind == "spin":
+            while True:
+                pass
         elif kind == "hold":
             deadline = time.monotonic() + 120
             while not stop_requested() and time.monotonic() < deadline:
@@ -248,11 +256,12 @@ class FaultInjector(Callback):
             self._hook = embeddings.register_forward_hook(lambda m, i, out: out * float("nan"))
 
     def pre_optim_step(self) -> None:
-        """``kill``, ``term``, ``hold`` after the backward pass; remove a ``nan`` hook."""
+        """``kill``, ``term``, ``hold``, ``stop``, ``spin`` after the backward pass; remove a
+        ``nan`` hook."""
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        for kind in ("kill", "term", "hold"):
+        for kind in ("kill", "term", "hold", "stop", "spin"):
             inject(kind, self.step)
 
 

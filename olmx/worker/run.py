@@ -16,6 +16,7 @@ from typing import Any
 
 from olmx.launch import SHARE_CORES_ENV
 from olmx.plan import Plan
+from olmx.rundir import RunDir
 
 
 def share_cores(procs_per_node: int, environ: dict[str, str], cores: int | None = None) -> tuple[int, str]:
@@ -72,12 +73,42 @@ def run_worker(plan_path: str | Path) -> None:
         raise SystemExit(code)
 
 
-def worker_environment(device: str, environ: dict[str, str]) -> dict[str, str]:
+#: Entries the NCCL Flight Recorder keeps per rank (torchtitan's default ``trace_buf_size``).
+FLIGHT_RECORDER_ENTRIES = 20000
+
+
+def flight_recorder_env(hang_dir: str | Path) -> dict[str, str]:
+    """The NCCL Flight Recorder, on (as torchtitan has it by default): it records every rank's
+    recent collectives, dumped by NCCL's own timeout into ``hang_dir`` and by olmx's hang
+    watchdog next to its verdict (:mod:`olmx.worker.watchdog`). Set under both the names of
+    torch 2.11 (``TORCH_NCCL_*``) and of later releases (``TORCH_FR_*``)."""
+    prefix = str(Path(hang_dir) / "nccl_trace_rank_")
+    entries = str(FLIGHT_RECORDER_ENTRIES)
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": entries,
+        "TORCH_FR_BUFFER_SIZE": entries,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+    }
+
+
+def process_group_timeout(hang_timeout: int) -> Any:
+    """The process group's collective timeout: OLMo-core's 15 minutes, or more where the hang
+    watchdog waits long enough that gloo or NCCL would otherwise end the ranks first (with a
+    lost-peer error that names nobody)."""
+    from datetime import timedelta
+
+    return timedelta(seconds=max(15 * 60, 2 * hang_timeout + 60))
+
+
+def worker_environment(device: str, environ: dict[str, str], hang_dir: str | Path = "hang") -> dict[str, str]:
     """The variables the worker sets before OLMo-core and the CUDA allocator start (each only
     where the user has not set it): the run directory is on a shared filesystem as far as
     OLMo-core knows (one process writes what all share); on CUDA, the caching allocator's
     expandable segments (as OLMo-core's own launch presets set them: less fragmentation, so
-    fewer out-of-memory errors at high occupancy); on CPUs, no per-rank Triton cache folder
+    fewer out-of-memory errors at high occupancy) and the NCCL Flight Recorder
+    (:func:`flight_recorder_env`, dumps into ``hang_dir``); on CPUs, no per-rank Triton cache folder
     (OLMo-core makes one per rank and job under ``/tmp`` because ranks race on Triton's
     autotune files; CPU workers compile no Triton kernels, so they would only leave empty
     folders behind). GPU workers keep OLMo-core's per-rank cache."""
@@ -85,6 +116,7 @@ def worker_environment(device: str, environ: dict[str, str]) -> dict[str, str]:
     if device == "cuda":
         if "PYTORCH_ALLOC_CONF" not in environ and "PYTORCH_CUDA_ALLOC_CONF" not in environ:
             out["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        out.update(flight_recorder_env(hang_dir))
     else:
         out["OLMO_DISABLE_PER_RANK_TRITON_CACHE"] = "1"
     return {k: v for k, v in out.items() if k not in environ}
@@ -95,7 +127,8 @@ def _run(plan_path: str | Path) -> int:
 
     reg = registry()
     plan = Plan.load(plan_path, reg)  # torch-free: nothing has read the variables below yet
-    os.environ.update(worker_environment(plan.world.device, dict(os.environ)))
+    hang_dir = RunDir(plan.run_dir).hang
+    os.environ.update(worker_environment(plan.world.device, dict(os.environ), hang_dir))
     run = plan.run
 
     from olmo_core.distributed.utils import barrier, get_rank, get_world_size
@@ -110,7 +143,12 @@ def _run(plan_path: str | Path) -> int:
 
     backend = "gloo" if plan.world.device == "cpu" else "cpu:gloo,cuda:nccl"
     threads = _set_threads(plan.world.nproc_per_node)
-    prepare_training_environment(seed=run.trainer.seed, backend=backend, shared_filesystem=True)
+    prepare_training_environment(
+        seed=run.trainer.seed,
+        backend=backend,
+        timeout=process_group_timeout(plan.execution.hang_timeout),
+        shared_filesystem=True,
+    )
     if get_rank() == 0:
         import logging
 
@@ -126,7 +164,7 @@ def _run(plan_path: str | Path) -> int:
         barrier()
         model = build_model(plan, reg)
         check_disk_space(model, plan.run_dir)
-        trainer = build_trainer(plan, reg, model)
+        trainer = build_trainer(plan, reg, model, attempt=attempt)
         step = None if fresh else resume_from_verified(trainer, plan.run_dir)
         initialised_from = None
         if step is None and run.model.init_from:  # a fresh start (a resume has its checkpoint's weights)

@@ -139,8 +139,9 @@ def plugin_callbacks(plan: Plan, reg: Any) -> dict[str, Any]:
     return out
 
 
-def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
-    """Train module, data loader and Trainer for the plan (call inside the distributed env)."""
+def build_trainer(plan: Plan, reg: Any, model: Any, *, attempt: int = 0) -> Any:
+    """Train module, data loader and Trainer for the plan (call inside the distributed env;
+    ``attempt``: torchrun's restart count, whose folder the hang watchdog writes to)."""
     from olmo_core.data import NumpyDataLoaderConfig
     from olmo_core.train import Duration, LoadStrategy, TrainerConfig
     from olmo_core.train.callbacks import CheckpointerCallback, ConsoleLoggerCallback
@@ -150,6 +151,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
     from olmx.worker.checkpoint import KEEP_CHECKPOINTS, OlmxCheckpointerConfig
     from olmx.worker.datasets import build_downstream, build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
+    from olmx.worker.watchdog import hang_callbacks
 
     run, rd = plan.run, RunDir(plan.run_dir)
     t, run_dir = run.trainer, rd.path
@@ -202,6 +204,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any) -> Any:
         callbacks["olmx_downstream"] = build_downstream(plan, dp_process_group=train_module.dp_process_group)
     # The guard takes the gradient norm, clips and feeds SkipStepAdamW (olmx.worker.faults).
     callbacks.update(fault_callbacks(run, str(run_dir), stop_check_interval=plan.execution.log_interval))
+    callbacks.update(hang_callbacks(str(run_dir), plan.execution.hang_timeout, plan.world.device, attempt))
     callbacks.update(profile_callbacks(t, rd.profile))
     callbacks.update(plugin_callbacks(plan, reg))
     return TrainerConfig(

@@ -246,27 +246,33 @@ class LocalInfra(InfraPlugin):
     ) -> int:
         """Record the rank failures of this launch not yet recorded in ``events.jsonl`` and
         turn its outcome into the return value or a :class:`RunFailed`."""
-        from olmx.events import outcome, read_events
+        from olmx.events import EXIT_HANG, hang_message, outcome, read_events
 
         failures = recorder.poll()
         # On several nodes global rank 0 (which writes the run's records) may be on any node, its
         # launcher's id unknown here: this launch's records are those written since it started.
         mine = launch_id if cfg.nnodes == 1 else None
-        for e in read_events(plan.run_dir, launch=mine, since=started):
+        events = read_events(plan.run_dir, launch=mine, since=started)
+        result = outcome(plan.run_dir, launch=mine, since=started, returncode=rc)
+        hung = next((e for e in reversed(events) if e["event"] == "hang"), None) if result.state == "hang" else None
+        for e in events:
             if e["event"] == "fresh" and e.get("moved_to"):
                 console.print(
                     f"trainer.resume=false: the earlier checkpoints were moved to {e['moved_to']}", highlight=False
                 )
+            if e["event"] == "hang" and e is not hung:
+                console.print(f"[yellow]restarted[/] after a {hang_message(e)}", highlight=False)
             if e["event"] == "checkpoint_corrupt":
                 console.print(
                     f"[yellow]checkpoint step {e['step']} was corrupt[/] ({e['problem']}); "
                     f"moved to {e['moved_to']}, an older one was used",
                     highlight=False,
                 )
-        result = outcome(plan.run_dir, launch=mine, since=started, returncode=rc)
-        restarts = failures if result.state != "failed" else failures[:-1]
+        restarts = failures if result.state not in ("failed", "hang") else failures[:-1]
+        hung_attempts = {e.get("attempt") for e in events if e["event"] == "hang"}
         for failure in restarts:
-            console.print(f"[yellow]restarted[/] after {failure.describe()}")
+            if failure.attempt not in hung_attempts:  # (said above, with the hang's verdict)
+                console.print(f"[yellow]restarted[/] after {failure.describe()}")
         if result.state == "complete":
             return 0
         resume = f"run the same olmx train again (trainer.run_dir={plan.run_dir}) to resume"
@@ -275,6 +281,8 @@ class LocalInfra(InfraPlugin):
                 f"{'interrupted, ' if interrupted else ''}{result.message}: {resume}",
                 130 if interrupted else result.exit_code,
             )
+        if result.state == "hang":
+            raise RunFailed(f"{result.message}; no restarts left (infra.max_restarts={cfg.max_restarts}): {resume}", EXIT_HANG)
         if result.state == "nonfinite":
             raise RunFailed(
                 f"{result.message}; lower the learning rate (or set trainer.on_nonfinite=skip) and {resume}",

@@ -5,11 +5,15 @@ from __future__ import annotations
 from olmx.worker.run import worker_environment
 
 
-def test_cuda_workers_get_expandable_segments_unless_the_user_chose():
-    assert worker_environment("cuda", {}) == {
-        "OLMO_SHARED_FS": "1",
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-    }
+def test_cuda_workers_get_expandable_segments_and_the_flight_recorder_unless_the_user_chose():
+    env = worker_environment("cuda", {}, "/runs/r/hang")
+    assert env["OLMO_SHARED_FS"] == "1" and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    # the NCCL Flight Recorder is on, under torch 2.11's names and later ones, dumping into the run
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == env["TORCH_FR_BUFFER_SIZE"] == "20000"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/runs/r/hang/nccl_trace_rank_"
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in worker_environment("cuda", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
+    assert not any(k.startswith("TORCH_") for k in worker_environment("cpu", {}))
     for key in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         assert "PYTORCH_CUDA_ALLOC_CONF" not in worker_environment("cuda", {key: "max_split_size_mb:512"})
 

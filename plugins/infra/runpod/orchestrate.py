@@ -90,7 +90,7 @@ def launch(cfg: RunPodConfig, plan: Any) -> int:
         from olmx.events import outcome as run_outcome
 
         result = run_outcome(plan.run_dir, launch=launch_id)
-        if result.state in ("stopped", "nonfinite"):
+        if result.state in ("stopped", "nonfinite", "hang"):
             outcome = RunFailed(
                 f"{result.message}: run the same olmx train again (trainer.run_dir={plan.run_dir}) to resume",
                 result.exit_code,
