@@ -311,11 +311,6 @@ class TrainerConfig:
     #: syncs the host with the device. null: 10 on CUDA (as OLMo-core's own training scripts:
     #: 10-50), every step on CPUs.
     log_interval: Optional[int] = setting(None, ge=1, integer=True)
-    #: Activation checkpointing: ``full`` (OLMo-core: every block), ``long_context`` (olmx:
-    #: keep attention outputs, recompute feed-forward and norms), null for none, or ``auto``:
-    #: the cheapest of none < long_context < full whose estimated peak memory fits the device
-    #: (on CPUs: this machine's RAM divided by its processes); the plan says which and why.
-    activation_checkpointing: Optional[ActivationCheckpointing] = setting(None, choices=ActivationCheckpointing)
     #: Seconds without progress on a rank (a step, its backward pass, a checkpoint) after
     #: which the run counts as hung: the watchdog names the ranks that stopped or spin (process
     #: state, last heartbeat, every rank's stack, on CUDA the NCCL Flight Recorder), records a
@@ -324,6 +319,11 @@ class TrainerConfig:
     #: first finished step; must exceed the longest evaluation and checkpoint save. null: 600
     #: on CUDA, 1800 on CPUs; 0 turns the watchdog off.
     hang_timeout: Optional[int] = setting(None, ge=0, integer=True)
+    #: Activation checkpointing: ``full`` (OLMo-core: every block), ``long_context`` (olmx:
+    #: keep attention outputs, recompute feed-forward and norms), null for none, or ``auto``:
+    #: the cheapest of none < long_context < full whose estimated peak memory fits the device
+    #: (on CPUs: this machine's RAM divided by its processes); the plan says which and why.
+    activation_checkpointing: Optional[ActivationCheckpointing] = setting(None, choices=ActivationCheckpointing)
     #: Choose ``micro_batch_size`` from the memory estimate: the largest divisor of the
     #: per-rank batch (``global_batch_size`` / data-parallel ranks) whose estimated peak fits
     #: the device, tried after the layout and checkpointing (a smaller micro-batch only adds
