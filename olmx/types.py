@@ -8,6 +8,7 @@ imports them from here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from olmx.errors import ConfigError
@@ -133,9 +134,10 @@ class Layout:
 
 @dataclass(frozen=True)
 class Mesh:
-    """The run's device mesh and its capabilities, validated once against the world.
+    """The run's device mesh and its capabilities, validated once against the world
+    (:meth:`validate`, the one place its structure is checked).
 
-    ``dp_replicate x dp_shard x cp x tp`` ranks; experts (``ep``) are split over ``ep`` of the
+    ``dp_replicate x dp_shard x cp x tp x pp`` ranks; experts (``ep``) are split over ``ep`` of the
     ``dp_replicate x dp_shard`` data-parallel ranks (OLMo-core's and torchtitan's layout)."""
 
     #: Replica groups of the data-parallel ranks.
@@ -205,6 +207,64 @@ class Mesh:
         if self.ep > 1:
             out["ep"] = self.ep
         return out
+
+    def data_parallel_ranks(self, world: World, fields: Mapping[str, str] | None = None) -> int:
+        """The ranks ``pp``, ``cp`` and ``tp`` leave for data parallelism on ``world``, each checked:
+        at least 1, dividing what the dimensions before it leave (``pp``, then ``cp``, then ``tp``),
+        and ``cp`` and ``tp`` not together. ``fields`` names what set each dimension in messages
+        (the plugin section that claimed it; :meth:`validate`)."""
+        named = fields or {}
+        sizes = (("pp", self.pp), ("cp", self.cp), ("tp", self.tp))
+        for dim, size in sizes:
+            if size < 1:
+                raise ConfigError(named.get(dim, "parallel"), f"mesh dimension '{dim}' must be at least 1, got {size}")
+        left = world.size
+        for dim, size in sizes:
+            if left % size:
+                raise ConfigError(
+                    named.get(dim, "parallel"),
+                    f"{dim}={size} must divide the world size {world.size} "
+                    f"({world.nnodes} node(s) x {world.nproc_per_node} processes)"
+                    + (f", {left} rank(s) left by the dimensions before it" if left != world.size else ""),
+                )
+            left //= size
+        if self.cp > 1 and self.tp > 1:
+            raise ConfigError(
+                named.get("tp", "parallel"),
+                f"tensor parallelism with context parallelism ({named.get('cp', 'parallel')}) is not supported yet",
+            )
+        return left
+
+    def validate(self, world: World, fields: Mapping[str, str] | None = None) -> Mesh:
+        """The mesh itself checked against ``world``, the one place its structure is checked; the
+        mesh. :meth:`data_parallel_ranks`, then ``dp_replicate x dp_shard`` (each at least 1) equal
+        to those ranks, and ``ep`` (at least 1) dividing them and not beside ``cp`` or ``tp``.
+
+        ``fields`` names, for messages, what set each dimension: ``cp``, ``tp``, ``pp`` the
+        plugin section that claimed it, ``dp`` the data-parallel strategy's section (``ep``:
+        :attr:`ep_field`, else ``dp``'s). What a plugin needs of the mesh (a layer with experts,
+        a strategy that shards parameters beside ``tp``) is the plan's to check
+        (:mod:`olmx.plan.mesh`)."""
+        named = fields or {}
+        dp_ranks = self.data_parallel_ranks(world, named)
+        strategy = named.get("dp", "parallel")
+        if self.dp_replicate * self.dp_shard != dp_ranks or min(self.dp_replicate, self.dp_shard, self.ep) < 1:
+            raise ConfigError(
+                strategy,
+                f"lays out {self.dp_replicate} x {self.dp_shard} ranks, but there are {dp_ranks} data-parallel ranks",
+            )
+        if self.ep > 1:
+            ep_field = self.ep_field or strategy
+            if dp_ranks % self.ep:
+                raise ConfigError(ep_field, f"{self.ep} must divide the {dp_ranks} data-parallel ranks")
+            for dim, size in (("cp", self.cp), ("tp", self.tp)):
+                if size > 1:
+                    raise ConfigError(
+                        ep_field,
+                        f"expert parallelism (ep={self.ep}) with {CLAIMABLE_DIMS[dim].split(':')[0]} "
+                        f"({dim}={size}, {named.get(dim, 'parallel')}) is not supported",
+                    )
+        return self
 
     def expert_mesh_shape(self) -> tuple[int, int]:
         """``(replicas, ep)``: the 2-D mesh experts are placed on within one pipeline stage

@@ -57,7 +57,7 @@ AC_BY_COST: tuple[ActivationCheckpointing | None, ...] = (
 SHOWN = 6
 #: Pairs of add-on capabilities ``parallel=auto`` also tries together, after every single one:
 #: sequence x pipeline, then tensor x pipeline parallelism (3-D with the data-parallel strategy).
-#: Sequence and tensor parallelism do not compose yet (:func:`olmx.plan.mesh.resolve_mesh`).
+#: Sequence and tensor parallelism do not compose yet (:meth:`olmx.types.Mesh.data_parallel_ranks`).
 COMBINED_ADD_ONS: tuple[tuple[str, str], ...] = (("sequence", "pipeline"), ("tensor", "pipeline"))
 
 

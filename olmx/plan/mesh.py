@@ -1,8 +1,11 @@
-"""Resolve's mesh pass, the one place the mesh is decided and validated (as torchtitan's
-``ParallelDims``): the parallel plugins' claims (non-data-parallel dimensions), the one
-data-parallel strategy's layout of the ranks left, every size checked against the world, and
-the result frozen as :class:`olmx.api.Mesh`, which plugins then read as capabilities. Expert
-parallelism's need of a layer with experts is checked here too, once the layers are known.
+"""Resolve's mesh pass, the one place the mesh is decided (as torchtitan's ``ParallelDims``):
+the parallel plugins' claims (non-data-parallel dimensions), the one data-parallel strategy's
+layout of the ranks left, and the result frozen as :class:`olmx.api.Mesh`, which plugins then
+read as capabilities. The mesh's own structure (degrees, their product against the world, the
+data-parallel factorisation, ``ep``) is checked by :meth:`Mesh.validate`; here, what the mesh
+needs of the plugins: a claimable, unclaimed dimension, one data-parallel strategy (one that
+shards parameters beside tensor parallelism), and, once the layers are known, a layer with
+experts under expert parallelism and layers that support tensor and pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def check_experts(ctx: Context, reg: Registry) -> None:
 
 def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], reg: Registry) -> Mesh:
     """Resolve's first pass: the parallel plugins' claims and the data-parallel strategy's
-    layout, validated once against the world."""
+    layout, the mesh validated once against the world (:meth:`Mesh.validate`)."""
     claimed: dict[str, tuple[int, str]] = {}
     for plugin, cfg in parallel:
         for dim, size in plugin.claim(cfg, run, world).items():
@@ -64,25 +67,10 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
                 )
             if dim in claimed:
                 raise ConfigError(plugin.section, f"mesh dimension '{dim}' is already claimed by {claimed[dim][1]}")
-            if size < 1:
-                raise ConfigError(plugin.section, f"mesh dimension '{dim}' must be at least 1, got {size}")
             claimed[dim] = (size, plugin.section)
     cp, tp, pp = (claimed.get(dim, (1, ""))[0] for dim in ("cp", "tp", "pp"))
-    left = world.size
-    for dim, size in (("pp", pp), ("cp", cp), ("tp", tp)):
-        if left % size:
-            raise ConfigError(
-                claimed[dim][1],
-                f"{dim}={size} must divide the world size {world.size} "
-                f"({world.nnodes} node(s) x {world.nproc_per_node} processes)"
-                + (f", {left} rank(s) left by the dimensions before it" if left != world.size else ""),
-            )
-        left //= size
-    if cp > 1 and tp > 1:
-        raise ConfigError(
-            claimed["tp"][1], f"tensor parallelism with context parallelism ({claimed['cp'][1]}) is not supported yet"
-        )
-    dp_ranks = left
+    fields = {dim: section for dim, (_, section) in claimed.items()}
+    dp_ranks = Mesh(cp=cp, tp=tp, pp=pp).data_parallel_ranks(world, fields)
     strategies = [(p, cfg) for p, cfg in parallel if p.data_parallel]
     if len(strategies) > 1:
         raise ConfigError(
@@ -107,7 +95,7 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
                 f"sync (without one OLMo-core trains diverging copies); add one of: {', '.join(offer) or 'none'} "
                 f"(e.g. parallel=[{offer[0] if offer else '...'}]) or run one process (infra.nproc_per_node=1)",
             )
-        return Mesh(cp=cp, tp=tp, pp=pp)
+        return Mesh(cp=cp, tp=tp, pp=pp).validate(world, fields)
     plugin, cfg = strategies[0]
     lay = plugin.layout(cfg, dp_ranks, world)
     if tp > 1 and not lay.shards_params:
@@ -118,23 +106,6 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
             f"{claimed['tp'][1]}); use a strategy that shards parameters over them: "
             f"{', '.join(offer) or 'none installed'}",
         )
-    if lay.replicate * lay.shard != dp_ranks or min(lay.replicate, lay.shard, lay.ep) < 1:
-        raise ConfigError(
-            plugin.section,
-            f"lays out {lay.replicate} x {lay.shard} ranks, but there are {dp_ranks} data-parallel ranks",
-        )
-    if lay.ep > 1:
-        if dp_ranks % lay.ep:
-            raise ConfigError(
-                lay.ep_field or plugin.section, f"{lay.ep} must divide the {dp_ranks} data-parallel ranks"
-            )
-        for dim, size in (("cp", cp), ("tp", tp)):
-            if size > 1:
-                raise ConfigError(
-                    lay.ep_field or plugin.section,
-                    f"expert parallelism (ep={lay.ep}) with {CLAIMABLE_DIMS[dim].split(':')[0]} "
-                    f"({dim}={size}, {claimed[dim][1]}) is not supported",
-                )
     return Mesh(
         dp_replicate=lay.replicate,
         dp_shard=lay.shard,
@@ -146,7 +117,7 @@ def resolve_mesh(run: RunConfig, world: World, parallel: list[tuple[Any, Any]], 
         reshard_after_forward=lay.reshard_after_forward or not lay.shards_params,
         hybrid=lay.hybrid,
         ep_field=lay.ep_field or plugin.section,
-    )
+    ).validate(world, fields | {"dp": plugin.section})
 
 
 #: Mesh dimensions a layer plugin must declare support for: (dimension, the plugin's
