@@ -7,8 +7,8 @@ imports them from here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from olmx.errors import ConfigError
