@@ -250,7 +250,7 @@ def _plan(run_dir: str | Path) -> tuple[Any, Any]:
     import logging
 
     logging.getLogger("olmo_core").setLevel(logging.ERROR)  # import-time notes (no transformer_engine, ...)
-    from olmx.local_model import local_plan
+    from olmx.plan.resolve import local_plan
     from olmx.registry import registry
 
     reg = registry()

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from olmx.errors import ConfigError
-from olmx.local_model import choose_checkpoint, load_model, local_plan, one_process
+from olmx.local_model import choose_checkpoint, load_model, one_process
+from olmx.plan.resolve import local_plan
 
 #: How the continuation is drawn.
 GREEDY = 0.0

@@ -1,10 +1,11 @@
 """A run's model, loaded from one of its checkpoints into one process on this machine: what
 ``olmx generate`` and ``olmx export`` share.
 
-The run's saved configuration is resolved again for one process here (the default infra target
-with one process, no parallel plugins, the run's layers and precision), so the model is built
-exactly as training builds it (:func:`olmx.worker.model.build_model`, then OLMo-core's train
-module, which initialises and places it). The checkpoint (the newest complete one, or a chosen
+The caller hands it the run's saved configuration resolved again for one process
+(:func:`olmx.plan.resolve.local_plan`: the default infra target with one process, no parallel
+plugins, the run's layers and precision), so the model is built exactly as training builds it
+(:func:`olmx.worker.model.build_model`, then OLMo-core's train module, which initialises and
+places it). The checkpoint (the newest complete one, or a chosen
 step, verified against its olmx manifest) is loaded into it with OLMo-core's
 ``load_model_and_optim_state``: distributed checkpoints reshard, so a run trained on many ranks,
 FSDP or sharded Engram tables included, loads into the one process.
@@ -12,7 +13,6 @@ FSDP or sharded Engram tables included, loads into the one process.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import tempfile
@@ -20,29 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from olmx.errors import ConfigError
-
-
-def local_plan(run_dir: str | Path, reg: Any) -> Any:
-    """The run's plan, resolved again for one process on this machine (``model.init_from`` is
-    dropped: the checkpoint supplies the weights)."""
-    from olmx.plan import Plan
-    from olmx.plan.resolve import resolve
-    from olmx.rundir import RunDir
-
-    rd = RunDir(run_dir)
-    saved = Plan.load(rd.path / "plan.yaml", reg)
-    run = saved.run
-    from olmx.config.compose import compose, to_object
-
-    # This machine, one process: the default infra target of conf/train.yaml.
-    here = to_object(compose(["infra.nproc_per_node=1"], reg), reg).infra
-    t = run.trainer
-    trainer = dataclasses.replace(
-        t, resume=False, run_dir=str(rd.path), micro_batch_size=1, global_batch_size=1, compile="false"
-    )
-    model = dataclasses.replace(run.model, init_from=None)
-    one = dataclasses.replace(run, model=model, infra=here, parallel={}, trainer=trainer)
-    return resolve(one, reg)
 
 
 def choose_checkpoint(run_dir: str | Path, step: int | None) -> Path:

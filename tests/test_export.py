@@ -262,7 +262,8 @@ def test_the_export_has_olmx_logits_and_greedy_continuation(exported, hf_offline
     from transformers import AutoModelForCausalLM
 
     from olmx.generate import Sampling, decode, generate
-    from olmx.local_model import choose_checkpoint, load_model, local_plan, one_process
+    from olmx.local_model import choose_checkpoint, load_model, one_process
+    from olmx.plan.resolve import local_plan
     from olmx.registry import registry
 
     assert sorted(p.name for p in exported["hf"].iterdir()) == [
@@ -460,7 +461,8 @@ def test_moe_runs_export_as_olmoe_and_flexolmo_with_olmx_logits_and_greedy_conti
     from transformers import AutoModelForCausalLM
 
     from olmx.generate import Sampling, decode, generate
-    from olmx.local_model import choose_checkpoint, load_model, local_plan, one_process
+    from olmx.local_model import choose_checkpoint, load_model, one_process
+    from olmx.plan.resolve import local_plan
     from olmx.registry import registry
 
     prompt = "def main(argv):\n    "

@@ -7,7 +7,7 @@ raises :class:`ConfigError` naming the field and the numbers.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,6 +65,24 @@ def plan_from_overrides(overrides: list[str], reg: Registry, *, now: datetime | 
 
     plan = resolve(to_object(compose(overrides, reg), reg), reg, now=now)
     return with_recipe_layout(plan, overrides, reg, lambda run: run_cost(run, plan.world, reg))
+
+
+def local_plan(run_dir: str | Path, reg: Registry) -> Plan:
+    """The run's plan, resolved again for one process on this machine (``model.init_from`` is
+    dropped: the checkpoint supplies the weights): what ``olmx generate`` and ``olmx export`` hand
+    :mod:`olmx.local_model`."""
+    from olmx.config.compose import compose, to_object
+
+    rd = RunDir(run_dir)
+    saved = Plan.load(rd.path / "plan.yaml", reg)
+    run = saved.run
+    # This machine, one process: the default infra target of conf/train.yaml.
+    here = to_object(compose(["infra.nproc_per_node=1"], reg), reg).infra
+    t = run.trainer
+    trainer = replace(t, resume=False, run_dir=str(rd.path), micro_batch_size=1, global_batch_size=1, compile="false")
+    model = replace(run.model, init_from=None)
+    one = replace(run, model=model, infra=here, parallel={}, trainer=trainer)
+    return resolve(one, reg)
 
 
 def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Plan:

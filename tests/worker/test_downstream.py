@@ -38,7 +38,8 @@ def copa_accuracy(model, tokenizer, seq_len: int) -> float:
 def test_two_process_copa_accuracy_equals_one_process_torch(tmp_path):
     from olmo_eval import HFTokenizer
 
-    from olmx.local_model import choose_checkpoint, load_model, local_plan, one_process
+    from olmx.local_model import choose_checkpoint, load_model, one_process
+    from olmx.plan.resolve import local_plan
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"The {i}th cat sat on the mat because it was tired." for i in range(3000)))
