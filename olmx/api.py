@@ -122,7 +122,8 @@ def require_package(package: str, *, extra: str, field: str) -> None:
 #: it): errors; planning a run from overrides (a plugin's tests, its own commands); what an
 #: infra target shares with the local one (the torchrun command, the run directory and its
 #: events, following and diagnosing a launch, this machine's devices); the halo exchange a
-#: token-local layer needs under a sequence-sharded mesh.
+#: token-local layer needs under a sequence-sharded mesh; the settings every ``transformers``
+#: config olmx writes shares (a layer's ``hf_checkpoint``).
 PUBLIC_MODULES: tuple[str, ...] = (
     "olmx",
     "olmx.api",
@@ -137,6 +138,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "olmx.rundir",
     "olmx.events",
     "olmx.worker.halo",
+    "olmx.worker.hf",
 )
 
 

@@ -5,6 +5,9 @@ conversion (``olmo_core.nn.hf``): its key mappings both ways (``convert_state_to
 which OLMo-core maps but has no config builder for. Which olmx model is which architecture:
 :mod:`olmx.plan.hf`.
 
+:func:`hf_config_args` is the one list of the settings every config olmx writes shares, a layer
+plugin's (``hf_checkpoint``) included: public, the only name a plugin imports from here.
+
 Nothing here reaches the Hugging Face Hub: every path is a local directory, and
 :func:`offline` switches ``huggingface_hub`` to offline mode first. ``transformers`` is
 imported only here (the ``olmx[hf]`` extra).
@@ -16,9 +19,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from olmx.config.schema import ModelConfig
 from olmx.errors import ConfigError
 from olmx.plan import Plan
 from olmx.plan.hf import ARCHITECTURES, LLAMA, hf_tensors
+
+#: What a plugin may import from here (:data:`olmx.api.PUBLIC_MODULES`).
+__all__ = ["hf_config_args"]
 
 
 def offline() -> None:
@@ -40,6 +47,28 @@ def offline() -> None:
     transformers.utils.logging.set_verbosity_error()
 
 
+def hf_config_args(model: ModelConfig, vocab_size: int, intermediate_size: int) -> dict[str, Any]:
+    """The keyword arguments every ``transformers`` config olmx writes shares (``LlamaConfig``, a
+    layer's own: ``OlmoeConfig``, ``FlexOlmoConfig``): the model's shape with ``vocab_size``
+    (the built model's padded vocabulary) and the feed-forward width ``intermediate_size``
+    (``model.hidden_size``, an expert's width), SiLU, the RMSNorm epsilon, RoPE, no attention
+    biases, untied embeddings. Public (``__all__``): a layer plugin's ``hf_checkpoint`` builds
+    its config from them."""
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=model.d_model,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=model.n_layers,
+        num_attention_heads=model.n_heads,
+        num_key_value_heads=model.n_kv_heads or model.n_heads,
+        hidden_act="silu",
+        rms_norm_eps=model.layer_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(model.rope_theta)},
+        attention_bias=False,
+        tie_word_embeddings=False,
+    )
+
+
 def hf_config(model: Any, plan: Plan, arch: str) -> Any:
     """The ``transformers`` config of the built dense OLMo-core ``model``: OLMo-core's
     ``get_hf_config`` (OLMo 2/3), or the ``LlamaConfig`` of a pre-norm model."""
@@ -48,20 +77,7 @@ def hf_config(model: Any, plan: Plan, arch: str) -> Any:
 
     m = plan.run.model
     if arch == LLAMA:
-        config = LlamaConfig(
-            vocab_size=model.vocab_size,
-            hidden_size=m.d_model,
-            intermediate_size=m.hidden_size,
-            num_hidden_layers=m.n_layers,
-            num_attention_heads=m.n_heads,
-            num_key_value_heads=m.n_kv_heads or m.n_heads,
-            hidden_act="silu",
-            rms_norm_eps=m.layer_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": float(m.rope_theta)},
-            attention_bias=False,
-            mlp_bias=False,
-            tie_word_embeddings=False,
-        )
+        config = LlamaConfig(**hf_config_args(m, model.vocab_size, m.hidden_size), mlp_bias=False)
     else:
         config = get_hf_config(model)
     if config.model_type != arch:  # olmx's torch-free decision must be OLMo-core's

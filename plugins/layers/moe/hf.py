@@ -91,6 +91,7 @@ def hf_checkpoint(cfg: MoEConfig, model: Any, plan: Any, backend: str) -> tuple[
     from olmo_core.nn.hf import convert_state_to_hf
     from transformers import FlexOlmoConfig, LlamaConfig, OlmoeConfig
 
+    from olmx.worker.hf import hf_config_args
     from olmx_plugins.layers.moe.convert import PORTABLE_MOE_ATTR, convert_model_state_dict
 
     m = plan.run.model
@@ -100,19 +101,7 @@ def hf_checkpoint(cfg: MoEConfig, model: Any, plan: Any, backend: str) -> tuple[
         state = convert_model_state_dict(
             state, to="portable", num_experts=cfg.num_experts, d_model=m.d_model, hidden_size=h, dropless=True
         )
-    common: dict[str, Any] = dict(
-        vocab_size=model.vocab_size,
-        hidden_size=m.d_model,
-        intermediate_size=h,
-        num_hidden_layers=m.n_layers,
-        num_attention_heads=m.n_heads,
-        num_key_value_heads=m.n_kv_heads or m.n_heads,
-        hidden_act="silu",
-        rms_norm_eps=m.layer_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": float(m.rope_theta)},
-        attention_bias=False,
-        tie_word_embeddings=False,
-    )
+    common = hf_config_args(m, model.vocab_size, h)
     moe: dict[str, Any] = dict(
         num_experts=cfg.num_experts, num_experts_per_tok=cfg.top_k, norm_topk_prob=cfg.normalize_expert_weights == 1.0
     )
