@@ -1,7 +1,8 @@
 """The torch-free rules of the low-precision linear-layer plugins (``mxfp8``, ``fp8``): which
-linear layers stay in high precision, the dtypes of the rest, how the plan shows them, and
-MXFP8's settings. Shared by the plans (:mod:`.mxfp8`, :mod:`.fp8`) and the conversions of the
-built model (:mod:`.mx`, :mod:`.float8`), so that what the plan lists is what the worker converts."""
+linear layers stay in high precision, the dtypes of the rest, their plan (the checks and rows
+both make, :meth:`LowPrecisionPlugin.resolve`), how the plan shows them, and MXFP8's settings.
+Shared by the plans (:mod:`.mxfp8`, :mod:`.fp8`) and the conversions of the built model
+(:mod:`.mx`, :mod:`.float8`), so that what the plan lists is what the worker converts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from olmx.api import Context, Dtypes, LinearLayer, Mesh, PrecisionPlugin, World, setting
+from olmx.api import Context, Contribution, Dtypes, LinearLayer, Mesh, PrecisionPlugin, World, setting
 from olmx.errors import ConfigError
 
 #: Elements sharing one E8M0 scale (OCP MX v1.0).
@@ -122,9 +123,78 @@ class ConversionDecisions:
 
 class LowPrecisionPlugin(PrecisionPlugin):
     """What the low-precision linear-layer plugins (``mxfp8``, ``fp8``) share: the dtypes of
-    everything they do not convert, and their decisions."""
+    everything they do not convert, their plan (:meth:`resolve`) and their decisions. A subclass
+    names its format (:attr:`label`), its alignment (:attr:`multiple`, :attr:`unit`) and fills
+    the hooks below :meth:`resolve`."""
 
     Decisions = ConversionDecisions
+    #: The format as the plan names it: ``"{label} linear layers"``, ``compute outside {label} layers``.
+    label: str = ""
+    #: Every dimension of a converted layer, and the tokens of a micro-batch, must be a multiple of this.
+    multiple: int = BLOCK_SIZE
+    #: What :attr:`multiple` is, in the reason a layer is kept (``the MX block size``).
+    unit: str = "the MX block size"
+
+    def resolve(self, cfg: Any, ctx: Context) -> Contribution:
+        """Check torchao, the hardware (unless ``emulate``), the tokens of a micro-batch and the
+        model (:meth:`check_model`); list the converted and the kept linear layers; state what
+        runs in which dtype. The layers' names are the decision the worker converts."""
+        if missing := missing_torchao():
+            raise ConfigError(self.section, missing)
+        world = ctx.world
+        cc = world.compute_capability
+        need = self.min_capability(cfg)
+        native = world.device == "cuda" and (cc is None or cc >= need)
+        if not native and not cfg.emulate:
+            raise ConfigError(self.section, self.hardware_refusal(cfg, world, need))
+        tokens, how = ctx.tokens_per_rank()
+        if tokens % self.multiple:
+            raise ConfigError("trainer.micro_batch_size", self.tokens_refusal(tokens, how))
+        self.check_model(cfg, ctx)
+        converted, kept = split_planned(
+            ctx, exclude=cfg.exclude, multiple=self.multiple, unit=self.unit, section=self.section
+        )
+        rows = [
+            self.format_row(cfg),
+            ("hardware", hardware(world) + ("" if cc or world.device != "cuda" else ", checked on the worker")),
+            ("kernels", self.kernels(cfg)),
+            (f"{self.label} linear layers", f"{len(converted)}: {shown(converted)}"),
+            *((f"kept in {ctx.dtypes.param}", f"{shown(v)}: {k}") for k, v in kept.items()),
+            *ctx.dtype_rows(compute_label=f"compute outside {self.label} layers"),
+            ("tokens per micro-batch", f"{tokens} ({how}), a multiple of {self.multiple}"),
+            *self.notes(cfg, ctx),
+        ]
+        if cfg.emulate:
+            rows.append(("warning", f"emulated {self.label} is slow: use it to check numerics, not to train for speed"))
+        return Contribution(rows=rows, decisions=ConversionDecisions(convert=sorted(layer.name for layer in converted)))
+
+    def min_capability(self, cfg: Any) -> tuple[int, int]:
+        """The compute capability the format's GPU kernels need."""
+        raise NotImplementedError
+
+    def hardware_refusal(self, cfg: Any, world: World, need: tuple[int, int]) -> str:
+        """Why ``world`` cannot run the kernels (compute capability ``need``) and what to do."""
+        raise NotImplementedError
+
+    def tokens_refusal(self, tokens: int, how: str) -> str:
+        """Why ``tokens`` per micro-batch (``how``: the product that makes them) must be a
+        multiple of :attr:`multiple`."""
+        raise NotImplementedError
+
+    def check_model(self, cfg: Any, ctx: Context) -> None:
+        """The format's checks of the model beyond its linear layers (none by default)."""
+
+    def format_row(self, cfg: Any) -> tuple[str, str]:
+        """The plan's first row: the format or recipe in words."""
+        raise NotImplementedError
+
+    def kernels(self, cfg: Any) -> str:
+        """The plan's ``kernels`` row: what computes the converted layers."""
+        raise NotImplementedError
+
+    def notes(self, cfg: Any, ctx: Context) -> list[tuple[str, str]]:
+        """More rows after the tokens per micro-batch (none by default)."""
+        return []
 
     def dtypes(self, cfg: LowPrecisionConfig, run: Any, world: World, mesh: Mesh) -> Dtypes:
         """``param_dtype``, whose null default is bfloat16, except float32 on CPU where

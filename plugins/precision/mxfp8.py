@@ -34,19 +34,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from olmx.api import Context, Contribution
+from olmx.api import Context, World
 from olmx.errors import ConfigError
 from olmx_plugins.precision.lowp import (
     BLOCK_SIZE,
     MIN_COMPUTE_CAPABILITY,
-    ConversionDecisions,
     LowPrecisionPlugin,
     MXFP8Config,
     hardware,
     keep_reason,
-    missing_torchao,
-    shown,
-    split_planned,
 )
 
 __all__ = ["MXFP8", "MXFP8Config", "keep_reason"]
@@ -59,41 +55,52 @@ class MXFP8Precision(LowPrecisionPlugin):
     api = ">=3.0,<4"
     Config = MXFP8Config
 
-    def resolve(self, cfg: MXFP8Config, ctx: Context) -> Contribution:
-        """Check the hardware, the model's dimensions and the micro-batch; list the converted
-        and the kept linear layers; state what is kept in which dtype."""
-        run, world = ctx.run, ctx.world
-        if missing := missing_torchao():
-            raise ConfigError(self.section, missing)
-        cc = world.compute_capability
-        native = world.device == "cuda" and (cc is None or cc >= MIN_COMPUTE_CAPABILITY)
-        if not native and not cfg.emulate:
-            need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
-            raise ConfigError(
-                self.section,
-                f"MXFP8 needs an NVIDIA GPU with compute capability {need} or newer (SM100: B200, GB200, B300), whose "
-                f"tensor cores multiply block-scaled FP8; found {hardware(world)}. Use precision=bf16, or set "
-                f"precision.emulate=true to run torchao's emulated MX recipe (same numerics, slow)",
-            )
-        tokens, how = ctx.tokens_per_rank()
-        if tokens % BLOCK_SIZE:
-            raise ConfigError(
-                "trainer.micro_batch_size",
-                f"MXFP8 quantizes the weight-gradient GEMM along the tokens of a micro-batch, which must be a "
-                f"multiple of the block size {BLOCK_SIZE}: {how} = {tokens} tokens",
-            )
-        if run.model.d_model % BLOCK_SIZE:
+    label = "MXFP8"
+    multiple = BLOCK_SIZE
+    unit = "the MX block size"
+
+    def min_capability(self, cfg: MXFP8Config) -> tuple[int, int]:
+        """SM100's (:data:`MIN_COMPUTE_CAPABILITY`)."""
+        return MIN_COMPUTE_CAPABILITY
+
+    def hardware_refusal(self, cfg: MXFP8Config, world: World, need: tuple[int, int]) -> str:
+        """Block-scaled FP8 tensor cores and what to use instead."""
+        return (
+            f"MXFP8 needs an NVIDIA GPU with compute capability {'.'.join(map(str, need))} or newer (SM100: B200, "
+            f"GB200, B300), whose tensor cores multiply block-scaled FP8; found {hardware(world)}. Use "
+            f"precision=bf16, or set precision.emulate=true to run torchao's emulated MX recipe (same numerics, slow)"
+        )
+
+    def tokens_refusal(self, tokens: int, how: str) -> str:
+        """The weight-gradient GEMM's blocks."""
+        return (
+            f"MXFP8 quantizes the weight-gradient GEMM along the tokens of a micro-batch, which must be a "
+            f"multiple of the block size {BLOCK_SIZE}: {how} = {tokens} tokens"
+        )
+
+    def check_model(self, cfg: MXFP8Config, ctx: Context) -> None:
+        """``model.d_model``, a dimension of every attention and feed-forward linear layer, must
+        be a multiple of the block size."""
+        d_model = ctx.run.model.d_model
+        if d_model % BLOCK_SIZE:
             raise ConfigError(
                 "model.d_model",
-                f"{run.model.d_model} is not a multiple of the MX block size {BLOCK_SIZE}; every attention and "
+                f"{d_model} is not a multiple of the MX block size {BLOCK_SIZE}; every attention and "
                 f"feed-forward linear layer has d_model as a dimension, so MXFP8 could convert none of them "
                 f"(use precision=bf16, or a d_model divisible by {BLOCK_SIZE})",
             )
 
-        converted, kept = split_planned(
-            ctx, exclude=cfg.exclude, multiple=BLOCK_SIZE, unit="the MX block size", section=self.section
+    def format_row(self, cfg: MXFP8Config) -> tuple[str, str]:
+        """The block format and its scale rule."""
+        return (
+            "format",
+            f"OCP MX FP8: E4M3 elements, blocks of {BLOCK_SIZE} sharing one E8M0 scale "
+            f"({cfg.scale_calculation_mode}); X, W and dY quantized per GEMM along its contraction dim",
         )
-        kernels = (
+
+    def kernels(self, cfg: MXFP8Config) -> str:
+        """torchao's emulation or cuBLAS's block-scaled GEMMs."""
+        return (
             "EMULATED: torchao quantizes and dequantizes each operand in software, then multiplies in high "
             "precision (slow; for checking numerics)"
             if cfg.emulate
@@ -101,22 +108,6 @@ class MXFP8Precision(LowPrecisionPlugin):
             "kernel_preference=auto, mxfp8_cast_kernel_choice=triton, "
             f"scale_calculation_mode={cfg.scale_calculation_mode}))"
         )
-        rows = [
-            (
-                "format",
-                f"OCP MX FP8: E4M3 elements, blocks of {BLOCK_SIZE} sharing one E8M0 scale "
-                f"({cfg.scale_calculation_mode}); X, W and dY quantized per GEMM along its contraction dim",
-            ),
-            ("hardware", hardware(world) + ("" if cc or world.device != "cuda" else ", checked on the worker")),
-            ("kernels", kernels),
-            ("MXFP8 linear layers", f"{len(converted)}: {shown(converted)}"),
-        ]
-        rows += [(f"kept in {ctx.dtypes.param}", f"{shown(v)}: {k}") for k, v in kept.items()]
-        rows += ctx.dtype_rows(compute_label="compute outside MXFP8 layers")
-        rows.append(("tokens per micro-batch", f"{tokens} ({how}), a multiple of {BLOCK_SIZE}"))
-        if cfg.emulate:
-            rows.append(("warning", "emulated MXFP8 is slow: use it to check numerics, not to train for speed"))
-        return Contribution(rows=rows, decisions=ConversionDecisions(convert=sorted(layer.name for layer in converted)))
 
     def apply_model(self, cfg: MXFP8Config, model: Any, plan: Any) -> None:
         """Convert the plan's linear layers of the built model to MXFP8 (before any parallelism)."""
