@@ -128,6 +128,35 @@ def train(
     ),
 ) -> None:
     """Compose the config, resolve the plan, and train (or print it with --dry-run)."""
+    import signal
+
+    previous = {sig: signal.signal(sig, _stopped_before_launch) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        _train(overrides, dry_run, config_dir, previous)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stopped_before_launch(signum: int, frame: Any) -> None:
+    """SIGTERM or SIGHUP while ``olmx train`` plans: nothing started; the code of every stop
+    that a rerun resumes (75), as later in the run."""
+    import signal
+
+    from olmx.errors import RunFailed
+    from olmx.events import EXIT_PREEMPTED
+
+    name = signal.Signals(signum).name
+    raise RunFailed(
+        f"stopped by {name} before the launch; nothing was started: run the same olmx train", EXIT_PREEMPTED
+    )
+
+
+def _train(overrides: list[str] | None, dry_run: bool, config_dir: list[Path] | None, handlers: dict[Any, Any]) -> None:
+    """:func:`train`; ``handlers``: the signal handlers to restore before the launch, whose
+    infra target takes the stop signals over."""
+    import signal
+
     from olmx.config.search_path import config_dir_overrides
     from olmx.plan.resolve import plan_from_overrides
     from olmx.registry import registry
@@ -166,6 +195,8 @@ def train(
             out.print(f"took over the run directory's lock from {lock.took_over.describe()}, which has ended")
         rd.claim()
         plan.save()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         try:
             rc = infra.launch(plan.infra, plan)
         finally:

@@ -40,7 +40,6 @@ __all__ = [
     "read_events",
     "Outcome",
     "outcome",
-    "signal_exit_code",
 ]
 
 #: Environment variable naming the launch whose processes write events.
@@ -133,10 +132,10 @@ def outcome(
             f"stopped on a non-finite loss/gradient at step {step}; the checkpoint of step {step} holds "
             f"the parameters from before that step",
         )
-    if not step:  # stopped before the first step of a fresh run: nothing was saved, nothing to resume
+    if not step:  # stopped before the first step of a fresh run: nothing saved; rerun starts afresh
         return Outcome(
             "stopped",
-            signal_exit_code(reason),
+            EXIT_PREEMPTED,
             step,
             f"stopped by {reason} before the first step; no checkpoint was saved (the next olmx train starts afresh)",
         )
@@ -149,17 +148,6 @@ def hang_message(record: dict[str, Any]) -> str:
         f"hang at step {record.get('step')}: no progress for {record.get('timeout'):g} s "
         f"(trainer.hang_timeout); {record.get('summary')}; every rank's stack in {record.get('folder')}"
     )
-
-
-def signal_exit_code(signal_name: str | None) -> int:
-    """The shell's exit status of a process ended by ``signal_name`` (``SIGTERM``: 143), for a
-    stop that saved nothing (75 is kept for stops with a checkpoint to resume from)."""
-    import signal
-
-    try:
-        return 128 + signal.Signals[str(signal_name)].value
-    except KeyError:
-        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

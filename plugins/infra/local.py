@@ -296,14 +296,13 @@ class LocalInfra(InfraPlugin):
                 f"(infra.max_restarts={cfg.max_restarts}). Last lines of its log{where}:\n{last.tail}",
                 rc or 1,
             )
-        from olmx.events import signal_exit_code
+        from olmx.events import EXIT_PREEMPTED
         from olmx.launch.failures import log_excerpt
 
         if rc < 0:  # torchrun itself ended by a signal (before it could pass it on): no negative exit codes
             name = signal.Signals(-rc).name
             raise RunFailed(
-                f"torchrun was ended by {name} before its processes saved anything; {resume}",
-                signal_exit_code(name),
+                f"torchrun was ended by {name} before its processes saved anything; {resume}", EXIT_PREEMPTED
             )
         raise RunFailed(
             f"training failed with exit code {rc}; from {log_path}:\n{log_excerpt(log_path, since=offset)}", rc or 1

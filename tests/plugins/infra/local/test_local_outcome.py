@@ -31,5 +31,5 @@ def test_torchrun_ended_by_a_signal_is_that_signals_status_never_a_negative_one(
             console=Console(file=open(tmp_path / "out", "w")),  # noqa: SIM115
             recorder=SimpleNamespace(poll=lambda: []),
         )
-    assert info.value.exit_code == 143
+    assert info.value.exit_code == 75  # stopped, resume me: the one code at every phase
     assert "torchrun was ended by SIGTERM before its processes saved anything" in str(info.value)
