@@ -15,9 +15,10 @@ alignment, OLMo-core's filter), except the layers marked ``keep`` (the output he
 projections; the rule every low-precision plugin shares:
 :func:`olmx_plugins.precision.lowp.keep_reason`). The tokens a linear layer sees per micro-batch
 must be a multiple of 16 too (the weight-gradient GEMM contracts over them); the plan's checks
-and rows are the low-precision plugins' (:meth:`~olmx_plugins.precision.lowp.LowPrecisionPlugin.resolve`). The rest of the model runs in ``param_dtype`` as under ``bf16``.
-Without ``torch.compile`` float8 is slower than bf16 (its casts run as separate kernels):
-``trainer.compile=auto`` turns compile on with CUDA.
+and rows are every low-precision plugin's
+(:meth:`olmx_plugins.precision.lowp.LowPrecisionPlugin.resolve`). The rest of the model runs in
+``param_dtype`` as under ``bf16``. Without ``torch.compile`` float8 is slower than bf16 (its
+casts run as separate kernels): ``trainer.compile=auto`` turns compile on with CUDA.
 
 ``emulate=true`` runs torchao's emulation (the same scaling, matmuls in high precision) on any
 device, this CPU included: for numerics, not speed. The conversion edits the built model

@@ -124,8 +124,8 @@ def test_two_process_engram_eval_survives_a_resume_and_equals_one_process_torch(
     import torch.nn.functional as F
 
     from olmx.local_model import choose_checkpoint, load_model, one_process
-    from olmx.plan.resolve import local_plan
     from olmx.plan import Plan
+    from olmx.plan.resolve import local_plan
     from olmx.worker.datasets import data_split, write_holdout
 
     # A two-source mixture (OLMo-core's source mixture in a real run; tests/data/test_mixture.py checks
