@@ -392,7 +392,8 @@ def runs(
     root: Path = typer.Argument(Path("runs"), help="The runs root (trainer.runs_root; default: ./runs)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """The runs under ROOT, one line each: state, step, last loss, last checkpoint, tokens."""
+    """The runs under ROOT, one line each: state, step, last loss, last checkpoint, tokens,
+    goodput (the productive share of the wall time)."""
     from olmx.errors import ConfigError
     from olmx.runs import as_json as rows_json
     from olmx.runs import run_dirs, run_row
@@ -411,9 +412,9 @@ def runs(
 
     out.print(f"olmx runs in {root}", style="bold", markup=False)  # a table's title would wrap a long path
     table = Table()
-    for col in ("run", "state", "step", "loss", "ckpt", "tokens"):
-        table.add_column(col, justify="right" if col in ("step", "loss", "ckpt", "tokens") else "left")
-    colors = {"running": "cyan", "finished": "green", "stopped": "yellow", "failed": "red"}
+    for col in ("run", "state", "step", "loss", "ckpt", "tokens", "goodput"):
+        table.add_column(col, justify="right" if col in ("step", "loss", "ckpt", "tokens", "goodput") else "left")
+    colors = {"running": "cyan", "finished": "green", "stopped": "yellow", "hung": "red", "failed": "red"}
     for r in rows:
         state = f"[{colors.get(r.state, 'white')}]{r.state}[/]"
         if r.state != "finished":
@@ -425,6 +426,7 @@ def runs(
             f"{r.loss:.4f}" if r.loss is not None else "-",
             str(r.checkpoint) if r.checkpoint is not None else "-",
             f"{r.tokens:,}",
+            f"{100 * r.goodput:.0f}%" if r.goodput is not None else "-",
         )
     out.print(table)
 

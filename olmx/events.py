@@ -32,6 +32,7 @@ from olmx.rundir import RunDir
 #: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
 __all__ = [
     "LAUNCH_ENV",
+    "LAUNCH_TIME_ENV",
     "EXIT_PREEMPTED",
     "EXIT_NONFINITE",
     "EXIT_HANG",
@@ -44,6 +45,9 @@ __all__ = [
 
 #: Environment variable naming the launch whose processes write events.
 LAUNCH_ENV = "OLMX_LAUNCH_ID"
+#: Environment variable holding the launch's start (Unix time), where the launcher sets it:
+#: the start-up the goodput accounts counts from there (:mod:`olmx.goodput`).
+LAUNCH_TIME_ENV = "OLMX_LAUNCH_TIME"
 
 #: Exit code of a run stopped by SIGTERM/SIGINT after saving a checkpoint: rerun the same
 #: ``olmx train`` (same run directory) to resume. ``EX_TEMPFAIL`` of sysexits.h.

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from olmx import metrics as names
 from olmx.events import outcome, read_events
+from olmx.goodput import account
 from olmx.rundir import RunDir
 
 
@@ -26,7 +27,8 @@ class RunRow:
     name: str
     #: Its path.
     path: str
-    #: ``running``, ``finished``, ``stopped``, ``failed``, ``no end recorded``, ``not started`` or
+    #: ``running``, ``finished``, ``stopped``, ``hung`` (the hang watchdog ended it), ``failed``,
+    #: ``no end recorded``, ``not started`` or
     #: ``unknown`` (its lock file is unreadable: olmx cannot tell whether it runs).
     state: str
     #: What the state rests on (the lock's holder, the stop's reason, the last message).
@@ -41,6 +43,8 @@ class RunRow:
     checkpoint: int | None
     #: Tokens trained on up to the last record.
     tokens: int
+    #: The productive share of its wall time (:func:`olmx.goodput.account`; None: no ledger).
+    goodput: float | None = None
 
 
 def run_dirs(root: Path) -> list[Path]:
@@ -67,6 +71,7 @@ def run_row(path: Path) -> RunRow:
         loss=losses[-1] if losses else None,
         checkpoint=rd.latest_checkpoint(),
         tokens=int(last.get(names.TOKENS) or 0),
+        goodput=(account(path) or {}).get("goodput"),
     )
 
 
@@ -83,7 +88,7 @@ def _state(rd: RunDir) -> tuple[str, str]:
     events = read_events(rd.path)
     if not events:
         return "not started", "planned only (no events.jsonl)"
-    marks = [i for i, e in enumerate(events) if e["event"] in ("start", "end")]
+    marks = [i for i, e in enumerate(events) if e["event"] in ("start", "end", "hang")]
     if marks and events[marks[-1]]["event"] == "start":  # the last attempt wrote no end
         failed = [e for e in events[marks[-1] :] if e["event"] == "rank_failed"]
         if failed:
@@ -91,7 +96,9 @@ def _state(rd: RunDir) -> tuple[str, str]:
             return "failed", f"node {f.get('node_rank')} local rank {f.get('local_rank')} {f.get('cause', 'failed')}"
         return "no end recorded", "a launch started and wrote no end (a detached job still running, or killed)"
     result = outcome(rd.path)
-    state = {"complete": "finished", "stopped": "stopped", "nonfinite": "stopped"}.get(result.state, "failed")
+    state = {"complete": "finished", "stopped": "stopped", "nonfinite": "stopped", "hang": "hung"}.get(
+        result.state, "failed"
+    )
     return state, result.message
 
 

@@ -344,6 +344,11 @@ class TrainerConfig:
     #: last good parameters and stops (``olmx train`` exits with 76); ``skip`` skips that
     #: optimizer step, counts it in the summary and trains on.
     on_nonfinite: OnNonfinite = setting(OnNonfinite.stop)
+    #: A step whose loss is more than this many standard deviations above the mean of the
+    #: last 128 good steps' (judged from the 64th) is a spike: diagnosed as a non-finite step
+    #: is (the ranks, their documents, a verdict) and recorded as a ``spike`` event; training
+    #: goes on. null: spikes are not looked for.
+    spike_zscore: Optional[float] = setting(6.0, gt=0, integer=False)
     #: When ``olmx train`` ends (finished, stopped or failed), write the run's report
     #: (``RUN_DIR/report/``: summary table and plots, as ``olmx report RUN_DIR``) and say where.
     report: bool = True

@@ -125,9 +125,7 @@ def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
         f"hang watchdog: {f'{hang} s without progress on any rank' if hang else 'off'}"
         + (f" (null: {HANG_TIMEOUT['cuda']} on CUDA, {HANG_TIMEOUT['cpu']} on CPUs)" if t.hang_timeout is None else "")
     )
-    return Execution(
-        attention=backend, compile=compile_, log_interval=interval, hang_timeout=hang, notes=tuple(notes)
-    )
+    return Execution(attention=backend, compile=compile_, log_interval=interval, hang_timeout=hang, notes=tuple(notes))
 
 
 def profile_notes(t: Any, world: World) -> list[str]:

@@ -11,7 +11,8 @@
       launch.json      what the infra target launched (job id, pods), for ``olmx jobs``
       checkpoints/     OLMo-core checkpoints, stepN/
       logs/            node logs (nodeR.log) and torchrun's per-rank logs (logs/torchrun/)
-      work/            OLMo-core's work files (dataset and loader indices, fault records)
+      work/            OLMo-core's work files (dataset and loader indices, fault records,
+                       the clock ledgers of olmx.goodput in work/clock/)
       report/          ``olmx report``'s tables and plots
       profile/         ``trainer.profile``'s Chrome traces and memory snapshots
       hang/            what the hang watchdog found, per attempt: every rank's heartbeat,
@@ -112,6 +113,11 @@ class RunDir:
     def work(self) -> Path:
         """``work/`` (OLMo-core's ``work_dir``)."""
         return self.path / WORK
+
+    @property
+    def clock(self) -> Path:
+        """``work/clock/``: every attempt's clock ledger (:mod:`olmx.goodput`)."""
+        return self.work / "clock"
 
     @property
     def report(self) -> Path:

@@ -16,7 +16,8 @@ positions with a target: :class:`olmx.worker.datasets.HeldOutLMEvaluator`) and t
 tasks' metrics. The launcher follows that file to draw its progress bar. At the end (also when
 the run stops early on a signal or a non-finite loss) every rank's throughput and peak memory
 (with what it measures, :func:`memory_measure`, and on CPU the resident set before the model was
-built) are gathered into ``summary.json``, with how the run ended.
+built) are gathered into ``summary.json``, with how the run ended and its goodput
+(:func:`olmx.goodput.account`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 from olmo_core.train.callbacks import Callback, ProfilerCallback, SpeedMonitorCallback
 
 from olmx import metrics as names
+from olmx.goodput import account
 from olmx.rundir import RunDir
 from olmx.writable import write_text_atomic
 
@@ -249,6 +251,7 @@ class OlmxMetricsCallback(Callback):
             "resumed_from": self.resumed_from,
             "stopped": getattr(guard, "stop_reason", None),
             "nonfinite_steps": list(getattr(guard, "nonfinite_steps", [])),
+            "goodput": account(self.run_dir),
             "run_dir": self.run_dir,
         }
         write_text_atomic(RunDir(self.run_dir).summary, json.dumps(summary, indent=2))

@@ -139,6 +139,21 @@ class ArrayHeadsDataset(NumpyFSLDatasetMixture):
         len(self)
 
 
+def instance_source(dataset: Any, index: int) -> tuple[str, int]:
+    """The token file an FSL dataset instance is read from and the token offset it starts at
+    (OLMo-core's ``NumpyFSLDataset.__getitem__``: the array whose ``offsets`` range holds the
+    index, ``sequence_length`` tokens from the instance's position in it). The file is the
+    one OLMo-core reads: a raw token file as given, else its copy or byte-level cache."""
+    import bisect
+
+    offsets = dataset.offsets
+    i = bisect.bisect_right([start for start, _ in offsets], index) - 1
+    start, end = offsets[i]
+    if not start <= index < end:
+        raise IndexError(f"instance {index} is outside the dataset's {len(dataset)} instances")
+    return str(dataset.paths[i]), (index - start) * dataset.sequence_length
+
+
 def instance_filter_config(f: InstanceFilter | None) -> Any:
     """OLMo-core's ``InstanceFilterConfig`` for ``data.instance_filter`` (None: off)."""
     from olmo_core.data import InstanceFilterConfig

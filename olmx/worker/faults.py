@@ -26,6 +26,21 @@ ranks act alike (``trainer.on_nonfinite``):
   holds the parameters and optimizer state from before it (the bad batch is not applied, the
   data position is after it), and the worker exits with ``EXIT_NONFINITE`` (76).
 
+Before either, the step is diagnosed (:mod:`olmx.worker.diagnosis`): every rank's own loss, a
+replay of every rank's micro-batches with forward hooks on every module (on itself and on
+another rank; the parameters are still the step's), the token file and offset of each of its
+sequences, gathered in one collective; the ``nonfinite`` event names the ranks whose own loss
+went non-finite, the first module whose output did, the documents and a verdict (``data``,
+``numerics``, ``this rank``).
+
+**Spikes** (``trainer.spike_zscore``, default 6): a finite loss more than that many standard
+deviations above the mean of the last :data:`SPIKE_WINDOW` good steps (judged from
+:data:`SPIKE_MIN_STEPS` on) is diagnosed the same way, a spiking loss counting as the failure,
+and recorded as a ``spike`` event; the step goes on (``SkipStepAdamW`` skips outliers by its own
+statistics). The loss is read in the step's one host copy of the flags, and the window is kept
+on the host and in checkpoints. A good step does no more work for the diagnosis than keeping
+the step's batch and its micro-batches' losses by reference.
+
 Cost, beyond the norm that clipping takes anyway: one host read of the verdict per step. Under
 ``SkipStepAdamW`` (the default) OLMo-core has already all-reduced the loss and the norm is
 global, so the verdict needs no collective; the stop signals are agreed with one all-reduce of
@@ -39,8 +54,12 @@ environment is a comma-separated list of ``KIND@STEP`` or ``KIND@STEP:RANK`` (de
 ``nan`` without a rank poisons every rank). Each fault fires once per run directory (a marker
 file in ``RUN_DIR/work/faults/``), so a restarted or resumed run passes the step again safely.
 
-- ``nan``: the input embeddings of that step's forward pass are multiplied by NaN (the loss
-  and every gradient become NaN, the parameters are untouched);
+- ``nan``: the input embeddings of that step's forward passes (the guard's replay on that rank
+  included) are multiplied by NaN (the loss and every gradient become NaN, the parameters are
+  untouched): a rank broken for one step;
+- ``poison``: from that step on (every rank by default), the input embeddings of the
+  vocabulary's last token id are infinite: a token file holding that id is data that fails
+  wherever it is read;
 - ``kill``: SIGKILL of the rank after its backward pass, before the optimizer step;
 - ``term``: SIGTERM to the rank at the same point (a preemption notice reaching one rank);
 - ``hold``: the rank waits there until a stop signal arrives (at most 120 s), so a test can
@@ -64,11 +83,17 @@ from typing import Any, ClassVar
 
 from olmo_core.train.callbacks import Callback
 
-from olmx.events import append_event
+from olmx.events import append_event, diagnosis_line
 from olmx.rundir import RunDir
 from olmx.stop import install_stop_handlers, request_stop, stop_requested
 
 log = logging.getLogger(__name__)
+
+#: Good steps whose losses the spike test compares with (``trainer.spike_zscore``), and how
+#: many it needs before it judges (as OLMo-core's ``SkipStepAdamW``: a window of 128, judged
+#: from half of it).
+SPIKE_WINDOW = 128
+SPIKE_MIN_STEPS = 64
 
 #: The environment variable of :func:`inject`.
 FAULTS_ENV = "OLMX_FAULTS"
@@ -108,12 +133,35 @@ class TrainingGuard(Callback):
     nonfinite_steps: list[int] = field(default_factory=list)
     #: Why the run is stopping early: a signal name or ``nonfinite`` (None: it is not).
     stop_reason: str | None = None
+    #: A loss this many standard deviations above the mean of the recent steps' is a spike,
+    #: diagnosed like a non-finite step (``trainer.spike_zscore``; None: not looked for).
+    spike_zscore: float | None = None
+    #: The last :data:`SPIKE_WINDOW` good steps' losses (kept in checkpoints).
+    recent_losses: list[float] = field(default_factory=list)
+    _batch: Any = field(default=None, repr=False)
+    _step_losses: list[Any] = field(default_factory=list, repr=False)
 
     def pre_train(self) -> None:
-        """Take SIGTERM/SIGINT back from the handlers ``Trainer.fit`` just installed."""
+        """Take SIGTERM/SIGINT back from the handlers ``Trainer.fit`` just installed; keep each
+        micro-batch's loss of a step by reference (read only on a bad step: the rank's own loss)."""
         install_stop_handlers()
         if getattr(self.trainer, "_cancel_reason", None):  # a signal landed in OLMo-core's handler
             request_stop(signal.SIGTERM)
+        model = getattr(self.trainer.train_module, "model", None)
+        if model is not None and hasattr(model, "register_forward_hook"):
+            model.register_forward_hook(self._keep_loss)
+
+    def _keep_loss(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        if torch.is_grad_enabled() and getattr(output, "ce_loss", None) is not None:  # training only
+            self._step_losses.append(output.ce_loss.detach())
+
+    def pre_step(self, batch: dict[str, Any]) -> None:
+        """The step's batch, for a diagnosis (a shallow copy: the train module pops its
+        ``input_ids`` where the batch is one micro-batch)."""
+        self._batch = dict(batch)
+        self._step_losses.clear()
 
     def pre_optim_step(self) -> None:
         """The step's norm and verdict; on a good step clip and feed ``SkipStepAdamW``."""
@@ -139,16 +187,25 @@ class TrainingGuard(Callback):
         loss_is_global = isinstance(optim, SkipStepOptimizer)
         check_stop = self.step % self.stop_check_interval == 0 or self.step >= self.last_step
         stop = stop_requested() if check_stop else 0
+        # With trainer.spike_zscore the loss is read in the same host copy as the flags.
+        value = get_local_tensor(loss).detach().to(norm.device).double().reshape(()) if self.watches(loss) else None
         if dist.is_available() and dist.is_initialized() and (check_stop or not loss_is_global):
             flags = torch.stack([torch.tensor(stop, device=norm.device), bad.long()])
+            if value is not None:  # the largest rank's loss where each rank has its own
+                flags = torch.cat([flags.double(), value[None]])
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            signum, bad_flag = flags.tolist()  # the step's one host sync (one copy of both flags)
-            nonfinite = bool(bad_flag)
+            signum, bad_flag, *seen = flags.tolist()  # the step's one host sync (one copy of all)
+            signum, nonfinite = int(signum), bool(bad_flag)
+        elif value is not None:
+            bad_flag, *seen = torch.stack([bad.double(), value]).tolist()  # the step's one host sync
+            signum, nonfinite = stop, bool(bad_flag)
         else:
-            signum, nonfinite = stop, bool(bad)  # the step's one host sync
+            signum, nonfinite, seen = stop, bool(bad), []  # the step's one host sync
         if nonfinite:
-            self._drop_step(optim if loss_is_global else None)
+            self._drop_step(optim if loss_is_global else None, self._diagnose())
         else:
+            if seen:
+                self._check_spike(seen[0])
             if self.max_grad_norm is not None:
                 clip_grads_with_norm_(params, self.max_grad_norm, norm)
             # As OLMo-core's own clipping: already the global value, so no reduction.
@@ -158,7 +215,73 @@ class TrainingGuard(Callback):
         if signum and self.stop_reason is None:
             self.stop_reason = signal.Signals(signum).name
 
-    def _drop_step(self, skip_step_optim: Any) -> None:
+    def watches(self, loss: Any) -> bool:
+        """Whether this step's loss is read for the spike test (``trainer.spike_zscore`` set)."""
+        return self.spike_zscore is not None and loss is not None
+
+    def spike_threshold(self) -> float | None:
+        """The loss above which a step is a spike: the recent mean plus ``spike_zscore``
+        standard deviations (None before :data:`SPIKE_MIN_STEPS` good steps)."""
+        if self.spike_zscore is None or len(self.recent_losses) < SPIKE_MIN_STEPS:
+            return None
+        mean, std = _mean_std(self.recent_losses)
+        return mean + self.spike_zscore * std
+
+    def _check_spike(self, value: float) -> None:
+        """A good step's loss: a spike is diagnosed and recorded (a ``spike`` event; the step
+        goes on as the optimizer decides: ``SkipStepAdamW`` skips outliers by its own
+        statistics); then the loss joins the window. Every rank has the same value."""
+        from olmo_core.distributed.utils import get_rank
+
+        threshold = self.spike_threshold()
+        if threshold is not None and value > threshold:
+            mean, std = _mean_std(self.recent_losses)
+            zscore = round((value - mean) / std, 2)
+            fields = {"loss": value, "mean": round(mean, 6), "std": round(std, 6), "zscore": zscore}
+            fields |= self._diagnose(threshold)
+            line = diagnosis_line(fields)
+            log.warning(f"loss spike at step {self.step}: {value:.4f}, {zscore} sd above the recent mean; {line}")
+            if get_rank() == 0:
+                append_event(self.run_dir, "spike", step=self.step, **fields)
+        self.recent_losses = [*self.recent_losses, value][-SPIKE_WINDOW:]
+
+    def _diagnose(self, threshold: float | None = None) -> dict[str, Any]:
+        """Every rank's findings, gathered (one collective), and the verdict
+        (:mod:`olmx.worker.diagnosis`); {} where it could not run."""
+        import math
+
+        import torch.distributed as dist
+        from olmo_core.distributed.utils import get_local_tensor
+
+        from olmx.worker.diagnosis import diagnose, event_fields
+
+        def bad(loss: float | None) -> bool:
+            return loss is None or (threshold is not None and loss > threshold)
+
+        local: float | None = None
+        if self._step_losses:
+            local = float(sum(get_local_tensor(v).float() for v in self._step_losses))
+            local = local if math.isfinite(local) else None
+        try:
+            mine = diagnose(
+                self.trainer.train_module,
+                self.trainer.data_loader,
+                self._batch,
+                bad=bad,
+                local_loss=local,
+                local_known=bool(self._step_losses),
+            )
+        except Exception as e:  # noqa: BLE001 - a diagnosis never ends the run
+            known = bool(self._step_losses)
+            mine = {"rank": int(os.environ.get("RANK", 0)), "dp_rank": 0, "loss": local, "bad": known and bad(local)}
+            mine["error"] = f"{type(e).__name__}: {e}"
+        gathered: list[Any] = [mine]
+        if dist.is_available() and dist.is_initialized():
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        return event_fields(gathered)
+
+    def _drop_step(self, skip_step_optim: Any, diagnosis: dict[str, Any] | None = None) -> None:
         """A non-finite step: drop its gradients, its metrics and (``SkipStepAdamW``) its loss
         from the optimizer's rolling statistics, which a NaN would poison for 128 steps."""
         from olmo_core.distributed.utils import get_rank
@@ -175,9 +298,10 @@ class TrainingGuard(Callback):
         self.trainer.record_metric("olmx/non-finite step", 1.0, reduce_type=ReduceType.max)
         self.nonfinite_steps.append(self.step)
         action = "skipped" if self.on_nonfinite == "skip" else "stopping"
-        log.warning(f"non-finite loss or gradient at step {self.step}: optimizer step {action}")
+        line = diagnosis_line(diagnosis or {})
+        log.warning(f"non-finite loss or gradient at step {self.step}: optimizer step {action}{line and '; ' + line}")
         if get_rank() == 0:
-            append_event(self.run_dir, "nonfinite", step=self.step, action=self.on_nonfinite)
+            append_event(self.run_dir, "nonfinite", step=self.step, action=self.on_nonfinite, **(diagnosis or {}))
         if self.on_nonfinite == "stop":
             self.stop_reason = self.stop_reason or "nonfinite"
 
@@ -187,12 +311,19 @@ class TrainingGuard(Callback):
             self.trainer.cancel_run(self.stop_reason, no_sync=True)
 
     def state_dict(self) -> dict[str, Any]:
-        """The non-finite steps so far (they survive resumes)."""
-        return {"nonfinite_steps": list(self.nonfinite_steps)}
+        """The non-finite steps so far and the spike window's losses (they survive resumes)."""
+        return {"nonfinite_steps": list(self.nonfinite_steps), "recent_losses": list(self.recent_losses)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.nonfinite_steps = list(state_dict.get("nonfinite_steps", []))
+        self.recent_losses = list(state_dict.get("recent_losses", []))
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """The mean and sample standard deviation (at least 1e-6) of at least two values."""
+    mean = sum(values) / len(values)
+    return mean, max((sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5, 1e-6)
 
 
 def configure_faults(run_dir: str | Path) -> None:
@@ -212,12 +343,12 @@ def _faults() -> list[tuple[str, int, int | None]]:
 
 def inject(kind: str, step: int) -> bool:
     """Fire the fault ``kind`` at ``step`` on this rank if ``OLMX_FAULTS`` asks for it and it
-    has not fired yet (module doc); True if it fired (``nan``: the caller poisons the step)."""
+    has not fired yet (module doc); True if it fired (``nan``, ``poison``: the caller poisons)."""
     if FAULTS_ENV not in os.environ or _fault_dir is None:
         return False
     rank = int(os.environ.get("RANK", 0))
     for k, s, r in _faults():
-        if k != kind or s != step or (r if r is not None else (rank if kind == "nan" else 0)) != rank:
+        if k != kind or s != step or (r if r is not None else (rank if kind in ("nan", "poison") else 0)) != rank:
             continue
         marker = _fault_dir / f"{kind}@{step}.rank{rank}"
         if marker.exists():
@@ -247,22 +378,35 @@ class FaultInjector(Callback):
     """Fires the faults of ``OLMX_FAULTS`` (tests only; added when that variable is set)."""
 
     priority: ClassVar[int] = 100
+    #: The token id ``poison`` poisons (the vocabulary's last).
+    poison_token: int = -1
     _hook: Any = field(default=None, repr=False)
 
     def pre_step(self, batch: dict[str, Any]) -> None:
-        """``nan``: poison this step's input embeddings."""
+        """``nan``: poison this step's input embeddings; ``poison``: from now on, those of
+        :attr:`poison_token`."""
+        embeddings = self.trainer.train_module.model.embeddings
         if inject("nan", self.step):
-            embeddings = self.trainer.train_module.model.embeddings
             self._hook = embeddings.register_forward_hook(lambda m, i, out: out * float("nan"))
+        if inject("poison", self.step):
+            token = self.poison_token
+
+            def poison(module: Any, args: Any, out: Any) -> Any:
+                return out.masked_fill((args[0] == token).unsqueeze(-1), float("inf"))
+
+            embeddings.register_forward_hook(poison)
 
     def pre_optim_step(self) -> None:
-        """``kill``, ``term``, ``hold``, ``stop``, ``spin`` after the backward pass; remove a
-        ``nan`` hook."""
+        """``kill``, ``term``, ``hold``, ``stop``, ``spin`` after the backward pass."""
+        for kind in ("kill", "term", "hold", "stop", "spin"):
+            inject(kind, self.step)
+
+    def post_train_batch(self) -> None:
+        """Remove a ``nan`` hook (after the step guard, whose replay on this rank it still
+        poisons: the rank is broken for the whole step)."""
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        for kind in ("kill", "term", "hold", "stop", "spin"):
-            inject(kind, self.step)
 
 
 def fault_callbacks(run: Any, run_dir: str, stop_check_interval: int = 1) -> dict[str, Callback]:
@@ -274,9 +418,10 @@ def fault_callbacks(run: Any, run_dir: str, stop_check_interval: int = 1) -> dic
             max_grad_norm=run.trainer.max_grad_norm,
             stop_check_interval=stop_check_interval,
             last_step=min(run.trainer.max_steps, run.trainer.stop_at_step or run.trainer.max_steps),
+            spike_zscore=run.trainer.spike_zscore,
         )
     }
     if os.environ.get(FAULTS_ENV):
         configure_faults(run_dir)
-        callbacks["olmx_faults"] = FaultInjector()
+        callbacks["olmx_faults"] = FaultInjector(poison_token=run.data.tokenizer.vocab_size - 1)
     return callbacks

@@ -172,6 +172,7 @@ def _run(plan_path: str | Path) -> int:
 
             initialised_from = load_init_from(trainer.train_module.model, plan)
         trainer.callbacks["olmx_metrics"].resumed_from = step
+        trainer.callbacks["olmx_clock"].resumed_from = step
         trainer.callbacks["olmx_metrics"].base_rss_mib = base_rss
         if rank0:
             truncate_metrics(plan.run_dir, step)

@@ -149,6 +149,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any, *, attempt: int = 0) -> Any:
     from olmx.data.splits import eval_on
     from olmx.worker.callbacks import OlmxMetricsCallback, OlmxSpeedMonitorCallback, profile_callbacks
     from olmx.worker.checkpoint import KEEP_CHECKPOINTS, OlmxCheckpointerConfig
+    from olmx.worker.clock import Clock
     from olmx.worker.datasets import build_downstream, build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
     from olmx.worker.watchdog import hang_callbacks
@@ -204,6 +205,9 @@ def build_trainer(plan: Plan, reg: Any, model: Any, *, attempt: int = 0) -> Any:
         callbacks["olmx_downstream"] = build_downstream(plan, dp_process_group=train_module.dp_process_group)
     # The guard takes the gradient norm, clips and feeds SkipStepAdamW (olmx.worker.faults).
     callbacks.update(fault_callbacks(run, str(run_dir), stop_check_interval=plan.execution.log_interval))
+    callbacks["olmx_clock"] = Clock(
+        run_dir=str(run_dir), attempt=attempt, eval_interval=run.eval.interval or 0, resumed_from=plan.resume_step
+    )
     callbacks.update(hang_callbacks(str(run_dir), plan.execution.hang_timeout, plan.world.device, attempt))
     callbacks.update(profile_callbacks(t, rd.profile))
     callbacks.update(plugin_callbacks(plan, reg))
@@ -236,6 +240,7 @@ def reset_run_dir(run_dir: str) -> None:
     rd = RunDir(run_dir)
     moved = rd.move_checkpoints_aside()
     shutil.rmtree(rd.work / "faults", ignore_errors=True)
+    shutil.rmtree(rd.clock, ignore_errors=True)  # the goodput of the fresh run only
     rd.summary.unlink(missing_ok=True)
     truncate_metrics(run_dir, None)
     append_event(run_dir, "fresh", moved_to=str(moved) if moved else None)

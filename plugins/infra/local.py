@@ -128,7 +128,7 @@ class LocalInfra(InfraPlugin):
         import uuid
 
         from olmx.console import make_console
-        from olmx.events import LAUNCH_ENV
+        from olmx.events import LAUNCH_ENV, LAUNCH_TIME_ENV
         from olmx.launch import parent_death_preexec
         from olmx.launch.failures import FailureRecorder
         from olmx.launch.monitor import follow
@@ -139,6 +139,7 @@ class LocalInfra(InfraPlugin):
         offset = log_path.stat().st_size if log_path.exists() else 0
         launch_id, started = uuid.uuid4().hex[:12], time.time()
         env = {**torchrun_env(cfg), **threads_env(os.environ), **os.environ, LAUNCH_ENV: launch_id}
+        env[LAUNCH_TIME_ENV] = repr(started)
         console = make_console(stderr=True)
         interrupted = False
         with open(log_path, "ab") as log:
@@ -282,7 +283,9 @@ class LocalInfra(InfraPlugin):
                 130 if interrupted else result.exit_code,
             )
         if result.state == "hang":
-            raise RunFailed(f"{result.message}; no restarts left (infra.max_restarts={cfg.max_restarts}): {resume}", EXIT_HANG)
+            raise RunFailed(
+                f"{result.message}; no restarts left (infra.max_restarts={cfg.max_restarts}): {resume}", EXIT_HANG
+            )
         if result.state == "nonfinite":
             raise RunFailed(
                 f"{result.message}; lower the learning rate (or set trainer.on_nonfinite=skip) and {resume}",
@@ -299,7 +302,7 @@ class LocalInfra(InfraPlugin):
         from olmx.events import EXIT_PREEMPTED
         from olmx.launch.failures import log_excerpt
 
-        if rc < 0:  # torchrun itself ended by a signal (before it could pass it on): no negative exit codes
+        if rc < 0:  # torchrun itself ended by a signal (before it could pass it on): stopped, resume me
             name = signal.Signals(-rc).name
             raise RunFailed(
                 f"torchrun was ended by {name} before its processes saved anything; {resume}", EXIT_PREEMPTED

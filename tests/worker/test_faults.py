@@ -161,17 +161,62 @@ def test_nonfinite_loss_skip_and_stop(tmp_path, cache):
     assert all(recs[s]["loss"] is not None and recs[s]["loss"] == recs[s]["loss"] for s in (1, 2, 4, 5))
     summary = json.loads((skip / "summary.json").read_text())
     assert summary["nonfinite_steps"] == [3] and summary["steps"] == 5
+    # Rank 1 alone is broken for that step: its loss, and its replay on itself, fail at the
+    # embeddings; its micro-batches replayed on rank 0 are fine.
+    [bad] = events(skip, "nonfinite")
+    assert (bad["step"], bad["verdict"], bad["ranks"], bad["module"]) == (3, "this rank", [1], "embeddings")
+    rank0, rank1 = bad["by_rank"]
+    assert rank0["loss"] > 0 and rank1["loss"] is None and rank1["replay"]["module"] == "embeddings"
+    assert rank0["replayed_other"] == {**rank0["replayed_other"], "dp_rank": 1, "module": None, "bad": False}
+    assert rank0["replay"]["loss"] == rank0["loss"]  # the replay is the step's forward again
+    assert all(len(r["documents"]) == 4 and all(off % 64 == 0 for _, off in r["documents"]) for r in bad["by_rank"])
 
     stop = tmp_path / "stop"
     proc = train(stop, cache, *steps, "trainer.on_nonfinite=stop", faults="nan@3:1")
     assert proc.returncode == EXIT_NONFINITE, explain(proc, stop)
     assert "non-finite" in proc.stderr and "step 3" in proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "verdict: this rank (only rank 1 failed" in said and "first non-finite output: embeddings" in said
     assert events(stop, "end")[-1] == {**events(stop, "end")[-1], "reason": "nonfinite", "step": 3}
     # The stop checkpoint holds the last good state: the same as the skipping run's step 3
     # (the state after step 2), optimizer moments included.
     assert_same_state(
         checkpoint_state(stop / "checkpoints" / "step3"), checkpoint_state(skip / "checkpoints" / "step3")
     )
+
+
+def test_nonfinite_verdicts_every_rank_and_poisoned_data(tmp_path, cache):
+    """Every rank failing, each on its own data, is numerics; a token file one sequence of
+    which fails wherever it is read (``poison``: the vocabulary's last id embeds as inf) is
+    data, and the event names that file and the sequence's offset."""
+    steps = ["trainer.max_steps=3", "trainer.on_nonfinite=skip"]
+    every = tmp_path / "every"
+    proc = train(every, cache, *steps, faults="nan@2")
+    assert proc.returncode == 0, explain(proc, every)
+    [bad] = events(every, "nonfinite")
+    assert (bad["step"], bad["verdict"], bad["ranks"], bad["module"]) == (2, "numerics", [0, 1], "embeddings")
+    assert bad["reason"] == "every rank failed, each on its own data"
+
+    import numpy as np
+
+    ids = np.random.default_rng(0).integers(0, 256, size=(24, 64)).astype(np.uint16)  # 3 steps of 8
+    ids[:, -1] = 256
+    ids[13, 20] = 257  # the byte vocabulary's last id (its pad), poisoned
+    data = tmp_path / "tokens.u16"
+    ids.tofile(data)
+    poisoned = tmp_path / "poisoned"
+    byte_vocab = [f"data.tokenizer.{k}={v}" for k, v in (("name", "bytes"), ("vocab_size", 258), ("eos_id", 256))]
+    data_args = ["data=numpy", f"data.paths=[{data}]", *byte_vocab, "data.tokenizer.pad_id=257", "eval.interval=0"]
+    proc = train(poisoned, cache, *steps, *data_args, faults="poison@1")
+    assert proc.returncode == 0, explain(proc, poisoned)
+    [bad] = events(poisoned, "nonfinite")  # the one step whose batch holds sequence 13
+    [rank] = bad["ranks"]
+    assert bad["verdict"] == "data" and bad["module"] == "embeddings"
+    assert bad["reason"] == f"rank {rank}'s micro-batches fail again when replayed on rank {1 - rank}"
+    assert bad["failing_documents"] == [[str(data), 13 * 64]]
+    docs = {tuple(d) for r in bad["by_rank"] for d in r["documents"]}
+    assert len(docs) == 8 and (str(data), 13 * 64) in docs
+    assert sorted(losses(records(poisoned))) == [1, 2, 3]
 
 
 def _mount_tmpfs(path: Path, options: str) -> bool:

@@ -47,7 +47,10 @@ def test_a_stopped_rank_is_named_ended_and_the_run_resumes(tmp_path, cache, refe
     run = tmp_path / "run"
     proc = train(run, cache, *TIMEOUT, faults="stop@6:1")
     assert proc.returncode == EXIT_HANG, explain(proc, run)
-    line = "hang at step 6: no progress for 10 s (trainer.hang_timeout); rank 1 stopped responding (process stopped by a signal; last heartbeat "
+    line = (
+        "hang at step 6: no progress for 10 s (trainer.hang_timeout); "
+        "rank 1 stopped responding (process stopped by a signal; last heartbeat "
+    )
     assert line in proc.stderr, explain(proc, run)
     assert "rank 0 waits in all_reduce" in proc.stderr and "no restarts left (infra.max_restarts=0)" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -79,6 +82,13 @@ def test_a_spinning_rank_is_named_and_torchrun_restarts_from_the_checkpoint(tmp_
     starts = [(e["attempt"], e["resumed_from"]) for e in read_events(run) if e["event"] == "start"]
     assert starts == [(0, None), (1, 4)]
     assert losses(run) == losses(reference_run)
+    # goodput accounts the failure: step 5 done twice, the hang's wait and the restart between the
+    # attempts, and every second of the launch in one category
+    good = json.loads((run / "summary.json").read_text())["goodput"]
+    seconds = good["seconds"]
+    assert seconds["lost"] > 0 and seconds["restarts"] >= 10 and seconds["productive"] > 0
+    assert sum(seconds.values()) == pytest.approx(good["wall_s"], abs=0.01)
+    assert good["goodput"] == pytest.approx(seconds["productive"] / good["wall_s"], abs=1e-4)
 
 
 def test_the_verdict_reads_reports_beats_and_process_states():
@@ -94,7 +104,8 @@ def test_the_verdict_reads_reports_beats_and_process_states():
     found = verdict(reports, beats, 3)
     assert found["ranks"] == [1, 2] and found["collective"] == "barrier" and found["step"] == 9
     assert found["summary"] == (
-        "rank 1 stopped responding (process running; last heartbeat 5 s ago, at step 9); rank 2 spins in Python at /job/loop.py:7 in busy; "
+        "rank 1 stopped responding (process running; last heartbeat 5 s ago, at step 9); "
+        "rank 2 spins in Python at /job/loop.py:7 in busy; "
         "rank 0 waits in barrier"
     )
     everyone_waits = verdict({r: {"where": "waits", "at": "barrier"} for r in range(2)}, {}, 2)
