@@ -5,7 +5,8 @@ line: every start of the worker group (``start``, with the torchrun ``attempt`` 
 resumed from), checkpoints found partial or corrupt at resume (``checkpoint_partial``,
 ``checkpoint_corrupt``), non-finite steps (``nonfinite``), how the processes ended (``end``,
 ``reason``: ``max_steps``, ``stop_at_step``, a signal name or ``nonfinite``, with the step whose
-checkpoint was saved), hangs the watchdog found (``hang``: the step, the culprit ``ranks``, the
+checkpoint was saved; ``nospace``: a checkpoint could not be written, ``step`` the newest intact
+one), hangs the watchdog found (``hang``: the step, the culprit ``ranks``, the
 ``collective`` the others waited in, a ``summary`` line, the ``folder`` with every rank's
 stack), a ``trainer.resume=false`` start (``fresh``, ``moved_to``: where the
 earlier checkpoints were moved aside, or null), and the rank failures the
@@ -132,6 +133,15 @@ def outcome(
         return Outcome(
             "nonfinite",
             EXIT_NONFINITE,
+    if reason == "nospace":  # a checkpoint could not be written (olmx.worker.run): resume once there is space
+        kept = f"the checkpoint of step {step} is intact" if step else "there is no earlier checkpoint"
+        return Outcome(
+            "stopped",
+            EXIT_PREEMPTED,
+            step,
+            f"checkpoint step {final.get('failed_step')} could not be written: {final.get('error')} "
+            f"({final.get('folder')}); {kept}; free some space first",
+        )
             step,
             f"stopped on a non-finite loss/gradient at step {step}; the checkpoint of step {step} holds "
             f"the parameters from before that step",

@@ -307,6 +307,10 @@ class TrainerConfig:
     resume: bool = True
     #: Steps between checkpoints (a final checkpoint is always written).
     save_interval: int = setting(100, ge=1)
+    #: Save checkpoints in the background (OLMo-core's asynchronous save): the step waits only
+    #: while the state is copied to host memory; the files are written, verified and published
+    #: (``.metadata.json`` last) while training goes on. false: every save blocks its step.
+    async_save: bool = False
     #: Steps between metric records (loss, throughput) in ``metrics.jsonl``; collecting them
     #: syncs the host with the device. null: 10 on CUDA (as OLMo-core's own training scripts:
     #: 10-50), every step on CPUs.

@@ -16,6 +16,30 @@ research note olmo-core-3.0.md §3.4). olmx puts a verification between the rena
 A crash anywhere before step 3 leaves ``stepN-tmp/`` or a ``stepN/`` without
 ``.metadata.json``, which neither OLMo-core nor olmx takes for a checkpoint.
 
+**Asynchronous saves** (``trainer.async_save``). The step waits while the trainer state is
+written and the model and optimizer state is copied to host memory (torch DCP's stager); a
+background thread writes the copy into ``stepN/model_and_optim``, then verifies and publishes
+it exactly as above, ``.metadata.json`` last. The save's future (:meth:`VerifiedCheckpointer.save_async`)
+completes only once every rank has seen the checkpoint published, or raises what went wrong
+(OLMo-core's own done-callback would swallow a failed verification). OLMo-core 3.0.0's async
+save deadlocked multi-process runs for two reasons, both fixed here:
+
+- ``Trainer.save_checkpoint_async`` records ``checkpoint/save_async_duration_s`` from that
+  background thread, so the metric lands in a different step's buffer on each rank and
+  ``reduce_metrics`` all-reduces tensors of different sizes on the bookkeeping group: the ranks
+  wait in different ``all_reduce`` calls for good. :class:`OlmxCheckpointerCallback` starts the
+  save itself and records nothing from the thread.
+- olmx's verification ran its collectives on the default process group from the background
+  thread while the main thread's DDP gradient all-reduces used the same gloo group: the ranks
+  paired a broadcast with an all-reduce. Verification now runs on the checkpointer's own group
+  (``Checkpointer.process_group``, which OLMo-core creates for async saves and only the save
+  thread uses while a save is pending).
+
+**A full disk.** An ``OSError`` ENOSPC or EDQUOT while saving (in any rank's files, the
+manifest or the completion mark) is raised on every rank together (:func:`raise_together`;
+torch DCP gathers its writers' errors itself); the worker then removes the partial save and
+ends the run with one line (:func:`no_space_error`, :mod:`olmx.worker.run`).
+
 On start, :func:`resume_from_verified` (not OLMo-core's ``maybe_load_checkpoint``, which takes
 the newest ``stepN`` on trust) removes such partial checkpoints, re-verifies the newest
 complete checkpoint against its manifest (every rank checks a share), renames a corrupt one to
@@ -27,18 +51,23 @@ only those its own process saved, so without this they would pile up over restar
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
 import shutil
+import time
 import zlib
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from olmo_core.train.callbacks import CheckpointerCallback
 from olmo_core.train.checkpoint import Checkpointer, CheckpointerConfig
 
 from olmx.events import append_event
+from olmx.worker.faults import inject
 from olmx.writable import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -76,14 +105,48 @@ def _data_files(ckpt: Path) -> list[str]:
     )
 
 
-def _digests(ckpt: Path, files: list[str]) -> dict[str, list[int]]:
+#: The errors of a full disk or an exceeded quota.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space_error(exc: BaseException | None) -> OSError | None:
+    """The ENOSPC/EDQUOT ``OSError`` behind ``exc`` (its causes, or a torch DCP
+    ``CheckpointException``'s per-rank failures), or None."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):  # torch.distributed.checkpoint.api.CheckpointException
+            todo.extend(f[0] if isinstance(f, tuple) else f for f in failures.values())
+        todo.extend([e.__cause__, e.__context__])
+    return None
+
+
+def raise_together(err: OSError | None, group: Any = None) -> None:
+    """A collective: raise ``err`` (an ``OSError`` one rank hit) on every rank of ``group``, so
+    that none goes on into the next collective of a save alone (None everywhere: nothing)."""
+    from olmo_core.distributed.utils import all_gather_object
+
+    mine = None if err is None else (err.errno, err.strerror, err.filename)
+    for got in all_gather_object(mine, group=group):
+        if got is not None:
+            raise err if err is not None else OSError(*got)
+
+
+def _digests(ckpt: Path, files: list[str], group: Any = None) -> dict[str, list[int]]:
     """Size and CRC of ``files``, each rank reading a round-robin share, gathered on all ranks."""
     from olmo_core.distributed.utils import all_gather_object, get_rank, get_world_size
 
-    rank, world = get_rank(), get_world_size()
+    rank, world = get_rank(group), get_world_size(group)
     mine = {f: _file_digest(ckpt / f) for f in files[rank::world]}
     merged: dict[str, list[int]] = {}
-    for part in all_gather_object(mine):
+    for part in all_gather_object(mine, group=group):
         merged.update(part)
     return merged
 
@@ -112,15 +175,17 @@ def structure_problem(ckpt: Path, sizes: dict[str, int], world_size: int | None)
     return None
 
 
-def verify(ckpt: Path, *, write_manifest: bool = False) -> str | None:
-    """Verify a checkpoint on every rank together (a collective); the problem, or None if good.
+def verify(ckpt: Path, *, write_manifest: bool = False, group: Any = None) -> str | None:
+    """Verify a checkpoint on every rank together (a collective on ``group``, None: the default
+    group); the problem, or None if good.
 
-    With ``write_manifest`` (at save time) the digests are recorded; otherwise they are compared
-    with the recorded manifest (a checkpoint without one, e.g. written by OLMo-core alone, is
-    checked by structure only)."""
+    With ``write_manifest`` (at save time) the digests are recorded (an ``OSError`` writing the
+    manifest is raised on every rank); otherwise they are compared with the recorded manifest (a
+    checkpoint without one, e.g. written by OLMo-core alone, is checked by structure only)."""
     from olmo_core.distributed.utils import broadcast_object, get_rank, get_world_size
 
     rank0 = get_rank() == 0
+    src = 0 if group is None else _global_rank0(group)
     manifest: dict[str, Any] | None = None
     files: list[str] = []
     if rank0:
@@ -130,9 +195,9 @@ def verify(ckpt: Path, *, write_manifest: bool = False) -> str | None:
             except ValueError:
                 manifest = {"files": {}, "unreadable": True}
         files = sorted(manifest["files"]) if manifest else _data_files(ckpt)
-    manifest, files = broadcast_object((manifest, files))
-    digests = _digests(ckpt, files)
-    problem = None
+    manifest, files = broadcast_object((manifest, files), src=src, group=group)
+    digests = _digests(ckpt, files, group)
+    problem, err = None, None
     if rank0:
         if manifest is not None:
             if manifest.get("unreadable"):
@@ -151,31 +216,130 @@ def verify(ckpt: Path, *, write_manifest: bool = False) -> str | None:
         world = manifest.get("world_size") if manifest else (get_world_size() if write_manifest else None)
         problem = problem or structure_problem(ckpt, {k: v[0] for k, v in digests.items()}, world)
         if problem is None and write_manifest:
-            write_text_atomic(
-                ckpt / MANIFEST, json.dumps({"files": digests, "world_size": get_world_size()}), durable=True
-            )
-    return broadcast_object(problem)
+            try:
+                write_text_atomic(
+                    ckpt / MANIFEST, json.dumps({"files": digests, "world_size": get_world_size()}), durable=True
+                )
+            except OSError as exc:
+                err = exc
+    raise_together(err, group)
+    return broadcast_object(problem, src=src, group=group)
+
+
+def _global_rank0(group: Any) -> int:
+    """The global rank of ``group``'s first rank (torch's broadcasts name their source globally)."""
+    import torch.distributed as dist
+
+    return dist.get_global_rank(group, 0)
 
 
 class VerifiedCheckpointer(Checkpointer):
-    """OLMo-core's Checkpointer with a verification before the completion mark (module doc)."""
+    """OLMo-core's Checkpointer with a verification before the completion mark, synchronous or
+    asynchronous, and full-disk errors raised on every rank together (module doc)."""
 
-    def save_async(self, *args: Any, **kwargs: Any) -> Any:
-        """Not supported: olmx saves synchronously (async saves deadlock, research note §3.9)."""
-        raise NotImplementedError("olmx saves checkpoints synchronously")
+    def save_async(
+        self, dir: Any, train_module: Any, train_state: dict[str, Any], ephemeral: bool = False
+    ) -> Future[None]:
+        """OLMo-core's ``save_async`` (trainer state now, model and optimizer state copied now and
+        written by a background thread), then verification and the completion mark in that same
+        thread, on this checkpointer's own process group. The future completes once the
+        checkpoint is published on every rank, or raises why it is not."""
+        from olmo_core.distributed.checkpoint import async_save_state_dict
+        from olmo_core.distributed.utils import is_distributed
+        from olmo_core.io import normalize_path
+        from olmo_core.train.checkpoint import CheckpointMetadata
+
+        if is_distributed() and self.process_group is None:
+            raise RuntimeError("an asynchronous save needs the checkpointer's own process group")
+        dir = normalize_path(dir)
+        with self._temporary_wd(dir) as wd:  # the trainer state, then stepN-tmp renamed to stepN
+            self._save_train_state(dir, wd, train_state)
+        written = async_save_state_dict(
+            f"{dir}/model_and_optim",
+            train_module.state_dict_to_save(),
+            process_group=self.process_group,
+            thread_count=self.save_thread_count,
+            throttle_uploads=self.throttle_uploads,
+            enable_plan_caching=True,
+            _skip_prepare=True,
+        )
+        published: Future[None] = Future()
+
+        def publish(fut: Future[Any]) -> None:  # in the save thread, after its files are written
+            try:
+                fut.result()
+                self._save_metadata(dir, CheckpointMetadata(ephemeral=ephemeral))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the save
+                published.set_exception(exc)
+            else:
+                published.set_result(None)
+
+        written.add_done_callback(publish)
+        return published
+
+    def _save_train_state(self, dir: Any, wd: Path, train_state: dict[str, Any]) -> None:
+        """OLMo-core's, with an ``OSError`` (a full disk) raised on every rank together: the
+        save's next step is a collective."""
+        err = None
+        try:
+            inject("nospace", _step_of(Path(str(dir))), "train state")
+            super()._save_train_state(dir, wd, train_state)
+        except OSError as exc:
+            err = exc
+        raise_together(err)
 
     def _save_metadata(self, dir: Any, metadata: Any) -> None:
+        """Verify, then (rank 0) the completion mark; every rank returns once it is written."""
         from olmo_core.distributed.utils import get_rank
-
-        from olmx.worker.faults import inject
 
         ckpt = Path(str(dir))
         inject("killsave", _step_of(ckpt))
-        problem = verify(ckpt, write_manifest=True)
+        problem = verify(ckpt, write_manifest=True, group=self.process_group)
         if problem is not None:
             raise CheckpointCorrupt(f"checkpoint {ckpt} failed verification after writing: {problem}")
+        err = None
         if get_rank() == 0:
-            super()._save_metadata(dir, metadata)
+            try:
+                super()._save_metadata(dir, metadata)
+            except OSError as exc:
+                err = exc
+        raise_together(err, self.process_group)
+
+
+@dataclass
+class OlmxCheckpointerCallback(CheckpointerCallback):
+    """OLMo-core's CheckpointerCallback whose asynchronous saves record nothing from the save
+    thread (module doc): it starts the save itself, as ``Trainer.save_checkpoint_async`` does
+    less its done-callback, and tells the callbacks ``post_checkpoint_saved`` from the main
+    thread once the save is published. Uses the Trainer's private ``_log_metrics``,
+    ``_join_bookkeeping_ops`` and ``_iter_callbacks`` (ai2-olmo-core 3.0.0)."""
+
+    def _save_checkpoint(self, save_async: bool | None = None, ephemeral: bool = False) -> str:
+        from olmo_core.io import join_path
+
+        if not (save_async if save_async is not None else self.save_async):
+            return str(super()._save_checkpoint(save_async=False, ephemeral=ephemeral))
+        self._await_last_checkpoint()
+        trainer = self.trainer
+        path = str(join_path(trainer.save_folder, self.checkpointer.checkpoint_dirname(self.step)))
+        start = time.perf_counter()
+        # As Trainer.save_checkpoint_async: state tied to metrics is settled first.
+        trainer._log_metrics()
+        trainer._join_bookkeeping_ops()
+        self._future = self.checkpointer.save_async(path, trainer.train_module, trainer.state_dict(), ephemeral)
+        took = time.perf_counter() - start
+        log.info(f"checkpoint of step {self.step}: {took:.2f} s in the step, written in the background")
+        self._latest_checkpoint_step = self.step
+        self._latest_checkpoint_path = path
+        return path
+
+    def _await_last_checkpoint(self, blocking: bool = True) -> Future | None:
+        fut = super()._await_last_checkpoint(blocking)
+        if fut is not None:
+            log.info(f"checkpoint {self._latest_checkpoint_path} published")
+            for callback in self.trainer._iter_callbacks():
+                callback.post_checkpoint_saved(self._latest_checkpoint_path)
+        return fut
 
 
 @dataclass

@@ -65,7 +65,10 @@ file in ``RUN_DIR/work/faults/``), so a restarted or resumed run passes the step
 - ``hold``: the rank waits there until a stop signal arrives (at most 120 s), so a test can
   send a real signal at a known step;
 - ``killsave``: SIGKILL of the rank while saving that step's checkpoint, after its files are
-  written and before it is verified and published;
+  written and before it is verified and published (with ``trainer.async_save``: in the save's
+  background thread, while the main thread trains the next steps);
+- ``nospace``: the rank's first write of that step's checkpoint (its trainer state) raises
+  ``OSError(ENOSPC)``, as on a full disk;
 - ``stop``: SIGSTOP of the rank after its backward pass (a wedged process: the hang watchdog's
   case, :mod:`olmx.worker.watchdog`);
 - ``spin``: the rank loops in Python there for good (a rank that spins instead of stepping).
@@ -341,9 +344,10 @@ def _faults() -> list[tuple[str, int, int | None]]:
     return out
 
 
-def inject(kind: str, step: int) -> bool:
+def inject(kind: str, step: int, where: str = "") -> bool:
     """Fire the fault ``kind`` at ``step`` on this rank if ``OLMX_FAULTS`` asks for it and it
-    has not fired yet (module doc); True if it fired (``nan``, ``poison``: the caller poisons)."""
+    has not fired yet (module doc); True if it fired (``nan``, ``poison``: the caller poisons;
+    ``nospace`` raises, naming ``where``)."""
     if FAULTS_ENV not in os.environ or _fault_dir is None:
         return False
     rank = int(os.environ.get("RANK", 0))
@@ -358,6 +362,10 @@ def inject(kind: str, step: int) -> bool:
         log.warning(f"injecting fault {kind} at step {step} on rank {rank}")
         if kind in ("kill", "killsave"):
             os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "nospace":
+            import errno
+
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), where)
         elif kind == "term":
             os.kill(os.getpid(), signal.SIGTERM)
         elif kind == "stop":

@@ -136,7 +136,7 @@ def _run(plan_path: str | Path) -> int:
 
     from olmx.events import append_event
     from olmx.worker.callbacks import truncate_metrics
-    from olmx.worker.checkpoint import check_disk_space, resume_from_verified
+    from olmx.worker.checkpoint import check_disk_space, no_space_error, resume_from_verified
     from olmx.worker.faults import agree_stop
     from olmx.worker.model import build_model
     from olmx.worker.train import build_trainer, reset_run_dir
@@ -185,10 +185,45 @@ def _run(plan_path: str | Path) -> int:
 
             guard.stop_reason = signal.Signals(signum).name
         elif step is None or step < end:  # (fit would only save the loaded checkpoint again)
-            trainer.fit()
+            try:
+                trainer.fit()
+            except BaseException as exc:  # torch DCP's CheckpointException is a BaseException
+                if (err := no_space_error(exc)) is None:
+                    raise
+                return _no_space(plan, trainer, err, rank0)
         return _finish(plan, run, trainer, guard.stop_reason, rank0)
     finally:
         teardown_training_environment()
+
+def _no_space(plan: Plan, trainer: Any, err: OSError, rank0: bool) -> int:
+    """A checkpoint could not be written for want of space (every rank raised it together,
+    :mod:`olmx.worker.checkpoint`): rank 0 removes the partial save, records a ``nospace`` end
+    naming the failed step and the newest published checkpoint, and the worker exits with
+    ``EXIT_PREEMPTED`` (75): the run is stopped and resumes from that checkpoint once there is
+    space (olmx train checks for space before it trains again)."""
+    import logging
+    import shutil
+
+    from olmx.events import EXIT_PREEMPTED, append_event
+    from olmx.worker.checkpoint import checkpoint_dirs
+
+    folder = RunDir(plan.run_dir).checkpoints
+    if rank0:
+        complete, partial = checkpoint_dirs(folder)
+        for p in partial:
+            shutil.rmtree(p, ignore_errors=True)
+        logging.getLogger(__name__).error(f"checkpoint step {trainer.global_step} could not be written: {err}")
+        append_event(
+            plan.run_dir,
+            "end",
+            reason="nospace",
+            step=complete[0][0] if complete else None,
+            failed_step=trainer.global_step,
+            error=err.strerror or str(err),
+            folder=str(folder),
+        )
+    return EXIT_PREEMPTED
+
 
 
 def _finish(plan: Plan, run: Any, trainer: Any, stop_reason: str | None, rank0: bool) -> int:

@@ -144,11 +144,11 @@ def build_trainer(plan: Plan, reg: Any, model: Any, *, attempt: int = 0) -> Any:
     ``attempt``: torchrun's restart count, whose folder the hang watchdog writes to)."""
     from olmo_core.data import NumpyDataLoaderConfig
     from olmo_core.train import Duration, LoadStrategy, TrainerConfig
-    from olmo_core.train.callbacks import CheckpointerCallback, ConsoleLoggerCallback
+    from olmo_core.train.callbacks import ConsoleLoggerCallback
 
     from olmx.data.splits import eval_on
     from olmx.worker.callbacks import OlmxMetricsCallback, OlmxSpeedMonitorCallback, profile_callbacks
-    from olmx.worker.checkpoint import KEEP_CHECKPOINTS, OlmxCheckpointerConfig
+    from olmx.worker.checkpoint import KEEP_CHECKPOINTS, OlmxCheckpointerCallback, OlmxCheckpointerConfig
     from olmx.worker.clock import Clock
     from olmx.worker.datasets import build_downstream, build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
@@ -176,11 +176,11 @@ def build_trainer(plan: Plan, reg: Any, model: Any, *, attempt: int = 0) -> Any:
     ).build(dataset, dp_process_group=train_module.dp_process_group)
 
     callbacks = {
-        # Synchronous saves: OLMo-core 3.0.0's async save deadlocks multi-process runs
-        # (research note olmo-core-3.0.md §3.9).
-        "checkpointer": CheckpointerCallback(
+        # trainer.async_save: OLMo-core's asynchronous save, less what deadlocked it on several
+        # processes (olmx.worker.checkpoint: research note olmo-core-3.0.md §3.9 found one cause).
+        "checkpointer": OlmxCheckpointerCallback(
             save_interval=t.save_interval,
-            save_async=False,
+            save_async=t.async_save,
             pre_train_checkpoint=False,
             max_checkpoints=KEEP_CHECKPOINTS,  # what olmx.worker.checkpoint.check_disk_space counts
         ),
