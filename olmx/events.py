@@ -13,6 +13,21 @@ earlier checkpoints were moved aside, or null), and the rank failures the
 launcher read from torchrun (``rank_failed``). The launcher, ``olmx
 report`` and a requeueing batch script read it; nothing here imports torch.
 
+A ``nonfinite`` record (``step``, ``action``: ``skip`` or ``stop``) and a ``spike`` record (a
+loss beyond ``trainer.spike_zscore``: ``step``, ``loss``, the recent ``mean`` and ``std``,
+``zscore``) also carry the step's diagnosis (:mod:`olmx.worker.diagnosis`): ``verdict``
+(``data``: the failing micro-batches fail again when replayed on another rank; ``numerics``:
+they do not, or every rank failed on its own data, or only the gradients did; ``this rank``:
+one rank alone failed and its micro-batches are fine on another), ``ranks`` (those whose own
+loss went non-finite, or spiked), ``module`` (the first module whose output was non-finite in
+their replay, e.g. ``embeddings``; null if none), ``reason`` (one line), ``failing_documents``
+(``[token file, token offset]`` of the sequences whose output was non-finite there), and ``by_rank``: per
+rank its ``loss`` (its own, null if non-finite), ``documents`` (``[token file, token offset]``
+of each sequence of its batch), ``replay`` (its micro-batches replayed on itself: ``module``,
+``sequences``: positions in ``documents`` whose output was non-finite there, ``loss``, ``bad``),
+``replayed_other`` (the previous data-parallel rank's micro-batches replayed on it, with that
+``dp_rank``) and ``error`` where a part could not run.
+
 Each record carries ``time`` and, when the launcher set ``OLMX_LAUNCH_ID`` in the environment
 of torchrun, ``launch``: the outcome of one launch is read from that launch's records only.
 Only rank 0 (or the launcher) writes, except a ``hang``, written by the first live rank to
@@ -38,6 +53,7 @@ __all__ = [
     "EXIT_NONFINITE",
     "EXIT_HANG",
     "hang_message",
+    "diagnosis_line",
     "append_event",
     "read_events",
     "Outcome",
@@ -130,9 +146,16 @@ def outcome(
     if reason == "stop_at_step":
         return Outcome("complete", 0, step, f"stopped at trainer.stop_at_step={step}")
     if reason == "nonfinite":
+        records = read_events(run_dir, launch=launch, since=since)
+        diagnosed = [r for r in records if r["event"] == "nonfinite" and r.get("step") == step]
+        line = diagnosis_line(diagnosed[-1]) if diagnosed else ""
         return Outcome(
             "nonfinite",
             EXIT_NONFINITE,
+            step,
+            f"stopped on a non-finite loss/gradient at step {step}; the checkpoint of step {step} holds "
+            f"the parameters from before that step" + (f"; {line}" if line else ""),
+        )
     if reason == "nospace":  # a checkpoint could not be written (olmx.worker.run): resume once there is space
         kept = f"the checkpoint of step {step} is intact" if step else "there is no earlier checkpoint"
         return Outcome(
@@ -142,10 +165,6 @@ def outcome(
             f"checkpoint step {final.get('failed_step')} could not be written: {final.get('error')} "
             f"({final.get('folder')}); {kept}; free some space first",
         )
-            step,
-            f"stopped on a non-finite loss/gradient at step {step}; the checkpoint of step {step} holds "
-            f"the parameters from before that step",
-        )
     if not step:  # stopped before the first step of a fresh run: nothing saved; rerun starts afresh
         return Outcome(
             "stopped",
@@ -154,6 +173,14 @@ def outcome(
             f"stopped by {reason} before the first step; no checkpoint was saved (the next olmx train starts afresh)",
         )
     return Outcome("stopped", EXIT_PREEMPTED, step, f"stopped by {reason}; checkpoint saved at step {step}")
+
+
+def diagnosis_line(record: dict[str, Any]) -> str:
+    """One line for a diagnosed ``nonfinite`` or ``spike`` record ("" if it has no verdict)."""
+    if "verdict" not in record:
+        return ""
+    module = f"; first non-finite output: {record['module']}" if record.get("module") else ""
+    return f"verdict: {record['verdict']} ({record.get('reason')}){module}"
 
 
 def hang_message(record: dict[str, Any]) -> str:
