@@ -195,6 +195,7 @@ def _run(plan_path: str | Path) -> int:
     finally:
         teardown_training_environment()
 
+
 def _no_space(plan: Plan, trainer: Any, err: OSError, rank0: bool) -> int:
     """A checkpoint could not be written for want of space (every rank raised it together,
     :mod:`olmx.worker.checkpoint`): rank 0 removes the partial save, records a ``nospace`` end
@@ -223,7 +224,6 @@ def _no_space(plan: Plan, trainer: Any, err: OSError, rank0: bool) -> int:
             folder=str(folder),
         )
     return EXIT_PREEMPTED
-
 
 
 def _finish(plan: Plan, run: Any, trainer: Any, stop_reason: str | None, rank0: bool) -> int:
