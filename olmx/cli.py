@@ -419,6 +419,8 @@ def runs(
         state = f"[{colors.get(r.state, 'white')}]{r.state}[/]"
         if r.state != "finished":
             state += f": {escape(r.detail)}"
+        if r.straggler:
+            state += f" [yellow](straggler: {escape(r.straggler)})[/]"
         table.add_row(
             escape(r.name),
             state,

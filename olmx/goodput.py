@@ -1,4 +1,5 @@
-"""Goodput: where a run's wall time went (a leaf: the standard library and the run directory).
+"""Goodput: where a run's wall time went, and which rank holds it up (a leaf: the standard
+library, the metric names and the run directory).
 
 Rank 0 of every torchrun attempt keeps a clock ledger,
 ``RUN_DIR/work/clock/<launch>-<attempt>.json`` (:class:`olmx.worker.clock.Clock`), rewritten
@@ -20,7 +21,8 @@ saved. :func:`account` reads every ledger of the run and splits the wall time of
   detection, torchrun's teardown and restart);
 - ``waiting``: the rest (metrics and bookkeeping between steps, the ends of launches).
 
-``goodput`` is the productive share of the wall time.
+``goodput`` is the productive share of the wall time. :func:`straggler` names a rank that is
+persistently slower than the median, from the per-rank timing in ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from olmx import metrics as names
 from olmx.rundir import RunDir
 
 #: The categories of a run's wall time, in the order the bar draws them.
@@ -130,3 +133,32 @@ def bar(result: dict[str, Any], width: int = 40) -> str:
 def _duration(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+#: A rank is a straggler when its compute is at least this many times the median ...
+STRAGGLER_RATIO = 1.25
+#: ... and it is the slowest in at least this share of the last :data:`STRAGGLER_RECORDS`
+#: collections (at least 3): persistently, not one slow step.
+STRAGGLER_SHARE = 0.8
+STRAGGLER_RECORDS = 20
+
+
+def straggler(records: list[dict[str, Any]]) -> str | None:
+    """One line naming a rank persistently slower than the median (its own compute per step,
+    :mod:`olmx.worker.stragglers`), from a run's ``metrics.jsonl`` records; None if none is."""
+    timed = [r for r in records if r.get(names.SLOWEST_RANK) is not None and r.get(names.COMPUTE_MEDIAN)]
+    timed = timed[-STRAGGLER_RECORDS:]
+    if len(timed) < 3:
+        return None
+    slow = [r for r in timed if r[names.COMPUTE_MAX] >= STRAGGLER_RATIO * r[names.COMPUTE_MEDIAN]]
+    ranks = [int(r[names.SLOWEST_RANK]) for r in slow]
+    rank = max(set(ranks), key=ranks.count) if ranks else None
+    hits = [r for r in slow if int(r[names.SLOWEST_RANK]) == rank]
+    if rank is None or len(hits) < STRAGGLER_SHARE * len(timed):
+        return None
+    mine = sum(r[names.COMPUTE_MAX] for r in hits) / len(hits)
+    median = sum(r[names.COMPUTE_MEDIAN] for r in hits) / len(hits)
+    return (
+        f"rank {rank} is slower than the median in {len(hits)} of the last {len(timed)} collections "
+        f"(its compute {mine:.3g} s per step against the median {median:.3g} s)"
+    )

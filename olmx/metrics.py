@@ -40,6 +40,11 @@ __all__ = [
     "TOKENS_PER_S_PER_PROCESS",
     "PEAK_MEMORY",
     "RESERVED_MEMORY",
+    "STEP_TIME",
+    "COMPUTE_MEDIAN",
+    "COMPUTE_MAX",
+    "WAIT_MEDIAN",
+    "SLOWEST_RANK",
     "NONFINITE_STEP",
     "DOWNSTREAM_PREFIX",
     "HELDOUT_EVALUATOR",
@@ -74,6 +79,16 @@ TOKENS_PER_S_PER_PROCESS = "tokens_per_s_per_process"
 PEAK_MEMORY = "peak_mem_mib"
 #: Peak memory the CUDA caching allocator reserved, MiB (CUDA only).
 RESERVED_MEMORY = "reserved_mem_mib"
+#: Per-rank timing of the steps since the last collection (:mod:`olmx.worker.stragglers`, CPUs):
+#: the median over the ranks of a step's wall time, seconds ...
+STEP_TIME = "step_s"
+#: ... the median and the largest over the ranks of a rank's own compute in a step ...
+COMPUTE_MEDIAN = "compute_s_median"
+COMPUTE_MAX = "compute_s_max"
+#: ... the median over the ranks of the rest of the step: waiting in collectives ...
+WAIT_MEDIAN = "wait_s_median"
+#: ... and the rank with the most compute.
+SLOWEST_RANK = "slowest_rank"
 #: 1.0 on a step the step guard skipped for a non-finite loss or gradient norm.
 NONFINITE_STEP = "olmx/non-finite step"
 #: OLMo-core's prefix of the downstream tasks' metrics (``eval/downstream/<task> (<metric>)``).

@@ -41,7 +41,7 @@ from typing import Any
 from olmx import metrics as names
 from olmx.errors import ConfigError
 from olmx.events import read_events
-from olmx.goodput import account, bar
+from olmx.goodput import account, bar, straggler
 from olmx.rundir import RunDir
 
 REPORT_DIR = "report"
@@ -262,6 +262,7 @@ def summarize(run: RunData) -> dict[str, str]:
             else ""
         ),
         "checkpoint problems": "; ".join(problems) or "none",
+        "stragglers": straggler(records) or "none",
         "goodput": bar(found)
         if (found := account(run.path))
         else "- (no clock ledger: a run from before olmx kept one)",

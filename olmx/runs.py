@@ -15,7 +15,7 @@ from pathlib import Path
 
 from olmx import metrics as names
 from olmx.events import outcome, read_events
-from olmx.goodput import account
+from olmx.goodput import account, straggler
 from olmx.rundir import RunDir
 
 
@@ -45,6 +45,8 @@ class RunRow:
     tokens: int
     #: The productive share of its wall time (:func:`olmx.goodput.account`; None: no ledger).
     goodput: float | None = None
+    #: A rank persistently slower than the median (:func:`olmx.goodput.straggler`), or None.
+    straggler: str | None = None
 
 
 def run_dirs(root: Path) -> list[Path]:
@@ -72,6 +74,7 @@ def run_row(path: Path) -> RunRow:
         checkpoint=rd.latest_checkpoint(),
         tokens=int(last.get(names.TOKENS) or 0),
         goodput=(account(path) or {}).get("goodput"),
+        straggler=straggler(records),
     )
 
 

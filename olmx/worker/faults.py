@@ -71,7 +71,9 @@ file in ``RUN_DIR/work/faults/``), so a restarted or resumed run passes the step
   ``OSError(ENOSPC)``, as on a full disk;
 - ``stop``: SIGSTOP of the rank after its backward pass (a wedged process: the hang watchdog's
   case, :mod:`olmx.worker.watchdog`);
-- ``spin``: the rank loops in Python there for good (a rank that spins instead of stepping).
+- ``spin``: the rank loops in Python there for good (a rank that spins instead of stepping);
+- ``slow``: from that step on, the rank computes :data:`SLOW_S` seconds more in every step
+  (a straggler: :mod:`olmx.worker.stragglers`).
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ log = logging.getLogger(__name__)
 SPIKE_WINDOW = 128
 SPIKE_MIN_STEPS = 64
 
+#: CPU seconds a ``slow`` rank adds to every step.
+SLOW_S = 0.3
 #: The environment variable of :func:`inject`.
 FAULTS_ENV = "OLMX_FAULTS"
 _fault_dir: Path | None = None
@@ -389,6 +393,7 @@ class FaultInjector(Callback):
     #: The token id ``poison`` poisons (the vocabulary's last).
     poison_token: int = -1
     _hook: Any = field(default=None, repr=False)
+    _slow: bool = False
 
     def pre_step(self, batch: dict[str, Any]) -> None:
         """``nan``: poison this step's input embeddings; ``poison``: from now on, those of
@@ -405,9 +410,15 @@ class FaultInjector(Callback):
             embeddings.register_forward_hook(poison)
 
     def pre_optim_step(self) -> None:
-        """``kill``, ``term``, ``hold``, ``stop``, ``spin`` after the backward pass."""
+        """``kill``, ``term``, ``hold``, ``stop``, ``spin`` after the backward pass; ``slow``
+        there from its step on."""
         for kind in ("kill", "term", "hold", "stop", "spin"):
             inject(kind, self.step)
+        self._slow = inject("slow", self.step) or self._slow
+        if self._slow:
+            end = time.process_time() + SLOW_S
+            while time.process_time() < end:
+                pass
 
     def post_train_batch(self) -> None:
         """Remove a ``nan`` hook (after the step guard, whose replay on this rank it still

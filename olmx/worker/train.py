@@ -152,6 +152,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any, *, attempt: int = 0) -> Any:
     from olmx.worker.clock import Clock
     from olmx.worker.datasets import build_downstream, build_evaluator, build_train_dataset, data_split
     from olmx.worker.faults import fault_callbacks
+    from olmx.worker.stragglers import straggler_callbacks
     from olmx.worker.watchdog import hang_callbacks
 
     run, rd = plan.run, RunDir(plan.run_dir)
@@ -208,6 +209,7 @@ def build_trainer(plan: Plan, reg: Any, model: Any, *, attempt: int = 0) -> Any:
     callbacks["olmx_clock"] = Clock(
         run_dir=str(run_dir), attempt=attempt, eval_interval=run.eval.interval or 0, resumed_from=plan.resume_step
     )
+    callbacks.update(straggler_callbacks(plan.world.device, plan.execution.log_interval))
     callbacks.update(hang_callbacks(str(run_dir), plan.execution.hang_timeout, plan.world.device, attempt))
     callbacks.update(profile_callbacks(t, rd.profile))
     callbacks.update(plugin_callbacks(plan, reg))
