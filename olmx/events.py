@@ -149,12 +149,13 @@ def outcome(
         records = read_events(run_dir, launch=launch, since=since)
         diagnosed = [r for r in records if r["event"] == "nonfinite" and r.get("step") == step]
         line = diagnosis_line(diagnosed[-1]) if diagnosed else ""
+        verdict = diagnosed[-1].get("verdict") if diagnosed else None
         return Outcome(
             "nonfinite",
             EXIT_NONFINITE,
             step,
             f"stopped on a non-finite loss/gradient at step {step}; the checkpoint of step {step} holds "
-            f"the parameters from before that step" + (f"; {line}" if line else ""),
+            f"the parameters from before that step" + (f"; {line}" if line else "") + f"; {NONFINITE_ADVICE[verdict]}",
         )
     if reason == "nospace":  # a checkpoint could not be written (olmx.worker.run): resume once there is space
         kept = f"the checkpoint of step {step} is intact" if step else "there is no earlier checkpoint"
@@ -173,6 +174,16 @@ def outcome(
             f"stopped by {reason} before the first step; no checkpoint was saved (the next olmx train starts afresh)",
         )
     return Outcome("stopped", EXIT_PREEMPTED, step, f"stopped by {reason}; checkpoint saved at step {step}")
+
+
+#: What to do about a non-finite stop, by the diagnosis' verdict (None: not diagnosed).
+NONFINITE_ADVICE: dict[str | None, str] = {
+    "data": "the failing documents (events.jsonl, failing_documents) break the model wherever they "
+    "go: drop them from data.paths, or set trainer.on_nonfinite=skip",
+    "this rank": "one rank failed on data that is fine elsewhere: suspect its device or node, and resume on other ones",
+    "numerics": "lower the learning rate (or set trainer.on_nonfinite=skip)",
+    None: "lower the learning rate (or set trainer.on_nonfinite=skip)",
+}
 
 
 def diagnosis_line(record: dict[str, Any]) -> str:

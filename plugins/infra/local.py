@@ -288,7 +288,7 @@ class LocalInfra(InfraPlugin):
             )
         if result.state == "nonfinite":
             raise RunFailed(
-                f"{result.message}; lower the learning rate (or set trainer.on_nonfinite=skip) and {resume}",
+                f"{result.message}; then {resume}",
                 result.exit_code,
             )
         if failures:

@@ -177,6 +177,7 @@ def test_nonfinite_loss_skip_and_stop(tmp_path, cache):
     assert "non-finite" in proc.stderr and "step 3" in proc.stderr
     said = " ".join(proc.stderr.split())
     assert "verdict: this rank (only rank 1 failed" in said and "first non-finite output: embeddings" in said
+    assert "suspect its device or node" in said and "lower the learning rate" not in said  # advice by verdict
     assert events(stop, "end")[-1] == {**events(stop, "end")[-1], "reason": "nonfinite", "step": 3}
     # The stop checkpoint holds the last good state: the same as the skipping run's step 3
     # (the state after step 2), optimizer moments included.
