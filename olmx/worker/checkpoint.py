@@ -279,10 +279,22 @@ class VerifiedCheckpointer(Checkpointer):
 
     def _save_train_state(self, dir: Any, wd: Path, train_state: dict[str, Any]) -> None:
         """OLMo-core's, with an ``OSError`` (a full disk) raised on every rank together: the
-        save's next step is a collective."""
+        save's next step is a collective. The ``train`` folder, which OLMo-core has the file
+        system's local rank 0 create and the others wait for (up to ``FS_TIMEOUT``, 120 s), is
+        created first and its error raised together too: else the others waited out that
+        timeout and failed with a ``TimeoutError`` of their own."""
+        from olmo_core.distributed.utils import get_fs_local_rank
+        from olmo_core.io import is_url
+
         err = None
         try:
             inject("nospace", _step_of(Path(str(dir))), "train state")
+            if is_url(dir) or get_fs_local_rank() == 0:
+                (wd / "train").mkdir(exist_ok=True, parents=True)
+        except OSError as exc:
+            err = exc
+        raise_together(err)
+        try:
             super()._save_train_state(dir, wd, train_state)
         except OSError as exc:
             err = exc

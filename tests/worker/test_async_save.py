@@ -76,3 +76,20 @@ def test_a_full_disk_during_a_save_stops_with_one_line_and_resumes(tmp_path, cac
     assert proc.returncode == 0, explain(proc, run)
     assert events(run, "start")[-1]["resumed_from"] == 4
     assert losses(records(run)) == losses(records(reference_run))
+
+
+def test_a_full_disk_on_rank_0_before_the_save_folder_exists_stops_every_rank_at_once(tmp_path, cache):  # noqa: F811
+    """Rank 0 creates the save's ``train`` folder, which OLMo-core has the other ranks wait for up
+    to 120 s: ENOSPC there reached them only as a ``TimeoutError`` of their own two minutes
+    later (a ``rank_failed`` record blaming rank 1). Now every rank raises it at once."""
+    run = tmp_path / "run"
+    proc = train(run, cache, "trainer.max_steps=4", "trainer.save_interval=4", faults="nospace@4:0")
+    assert proc.returncode == EXIT_PREEMPTED, explain(proc, run)
+    said = " ".join(proc.stderr.split())
+    assert "checkpoint step 4 could not be written: No space left on device" in said, proc.stderr
+    assert "there is no earlier checkpoint" in said and "TimeoutError" not in proc.stderr
+    assert not events(run, "rank_failed") and "restarted after" not in proc.stderr
+    [end] = events(run, "end")
+    assert (end["reason"], end["failed_step"], end["step"]) == ("nospace", 4, None)
+    assert end["time"] - events(run, "start")[0]["time"] < 60  # not OLMo-core's 120 s wait
+    assert not list((run / "checkpoints").iterdir())
