@@ -22,6 +22,7 @@ import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from olmx.events import EXIT_HANG, EXIT_NONFINITE, EXIT_PREEMPTED
 from olmx.rundir import tail as read_tail
 
 #: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
@@ -37,6 +38,7 @@ __all__ = [
     "latest_torchrun_dir",
     "attempt_failures",
     "FailureRecorder",
+    "PLANNED_EXITS",
 ]
 
 #: torchrun's per-attempt failure line (torch/distributed/elastic/multiprocessing/api.py).
@@ -224,11 +226,20 @@ def attempt_failures(console: str, run_dir: Path | None, *, node_rank: int = 0, 
     return out
 
 
+#: Worker exit codes of a run that stopped itself (:mod:`olmx.events`: 75 stopped with a
+#: checkpoint, including a full disk; 76 a non-finite stop; 77 the hang watchdog's verdict).
+PLANNED_EXITS = (EXIT_PREEMPTED, EXIT_NONFINITE, EXIT_HANG)
+
+
 class FailureRecorder:
     """Records every failed attempt of one torchrun launch in ``events.jsonl`` (``rank_failed``)
     as soon as torchrun reports it in the node log, not only when the launch ends: the cause of
     an elastic restart is kept even if the launcher is killed later. Call :meth:`poll` while
-    following the launch and once when it has ended."""
+    following the launch and once when it has ended.
+
+    An attempt whose first rank to end exited with one of :data:`PLANNED_EXITS` is not a rank
+    failure: the run stopped itself (its ``end`` or ``hang`` record says why and names the
+    ranks), and torchrun's line names only the rank that happened to exit first."""
 
     def __init__(
         self, run_dir: str | Path, log_path: Path, *, offset: int, since: float, node_rank: int, launch: str
@@ -260,6 +271,7 @@ class FailureRecorder:
             latest_torchrun_dir(RunDir(self.run_dir).torchrun_logs, since=self.since),
             node_rank=self.node_rank,
         )
+        failures = [f for f in failures if f.exitcode not in PLANNED_EXITS]
         for failure in failures[len(self.failures) :]:
             append_event(self.run_dir, "rank_failed", launch=self.launch, **failure.as_event())
         self.failures = failures

@@ -269,7 +269,8 @@ class LocalInfra(InfraPlugin):
                     f"moved to {e['moved_to']}, an older one was used",
                     highlight=False,
                 )
-        restarts = failures if result.state not in ("failed", "hang") else failures[:-1]
+        # (a rank's planned exit, 75/76/77, is no failure: the recorder leaves it out)
+        restarts = failures if result.state != "failed" else failures[:-1]
         hung_attempts = {e.get("attempt") for e in events if e["event"] == "hang"}
         for failure in restarts:
             if failure.attempt not in hung_attempts:  # (said above, with the hang's verdict)

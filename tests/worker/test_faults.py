@@ -274,6 +274,25 @@ def test_root_cause_prefers_the_silent_rank_over_its_peer():
         assert (f.local_rank, f.cause) == (0, "raised ValueError: bad batch")
 
 
+def test_a_planned_exit_is_no_rank_failure(tmp_path):
+    """Workers that stop the run themselves exit 75 (a stop, a full disk), 76 (non-finite) or
+    77 (hang); torchrun's line then names whichever rank exited first, a healthy one. The end or
+    hang record names the cause: no ``rank_failed`` record (once one blamed rank 0 for rank 1's
+    NaN) and no "restarted after" line. A real failure is still recorded."""
+    from olmx.launch.failures import FailureRecorder
+
+    log = tmp_path / "node0.log"
+    (tmp_path / "run").mkdir()
+    recorder = FailureRecorder(tmp_path / "run", log, offset=0, since=0.0, node_rank=0, launch="a")
+    lines = [f"[E] failed (exitcode: {code}) local_rank: 0 (pid: 11) of binary: python\n" for code in (75, 76, 77)]
+    log.write_text("".join(lines))
+    assert recorder.poll() == [] and not events(tmp_path / "run", "rank_failed")
+    log.write_text(log.read_text() + "[E] failed (exitcode: -9) local_rank: 1 (pid: 12) of binary: python\n")
+    [f] = recorder.poll()
+    assert (f.attempt, f.local_rank, f.cause) == (3, 1, "killed by SIGKILL (exit code -9)")
+    assert [e["local_rank"] for e in events(tmp_path / "run", "rank_failed")] == [1]
+
+
 def test_outcome_of_a_launch_is_read_from_its_own_events(tmp_path, monkeypatch):
     """The contract launchers and batch scripts rely on (``python -m olmx.events RUN_DIR [LAUNCH]``)."""
     from olmx.events import LAUNCH_ENV, append_event, main, outcome
