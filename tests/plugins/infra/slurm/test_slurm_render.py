@@ -72,7 +72,7 @@ def test_minimal_script_runs_one_torchrun_per_node_with_c10d(tmp_path: Path) -> 
     assert "--container" not in script
     exports = [line for line in script.splitlines() if line.startswith("export ")]
     assert exports == ['export OLMX_LAUNCH_ID="slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"']
-    # A failed srun ends with the run's own outcome code (75 preempted, 76 non-finite) ...
+    # A failed srun ends with the run's own outcome code (75 preempted, 76 non-finite, 77 hang) ...
     assert "python -m olmx.events " + str(tmp_path) + ' "$OLMX_LAUNCH_ID"' in script
     assert "scontrol requeue" not in script  # ... and is requeued only when allowed
     assert f"cd {tmp_path} ||" in script
@@ -378,6 +378,7 @@ def test_srun_gets_the_cpus_of_each_node(
         ("2", 75, False, 75),  # the cap: exit 75, not requeued
         ("7", 75, False, 75),  # Slurm's own requeues count too
         ("0", 76, False, 76),  # a non-finite stop is never requeued
+        ("0", 77, False, 77),  # nor a hang (the watchdog's verdict; srun says 1): rerun to resume
         ("0", 1, False, 3),  # a failure keeps srun's status
     ],
 )
