@@ -17,8 +17,8 @@ saved. :func:`account` reads every ledger of the run and splits the wall time of
 - ``evaluation`` and ``checkpointing``: the evaluations and the saves;
 - ``lost``: the steps done again after a failure (those past the checkpoint the next attempt
   resumed from);
-- ``restarts``: from a failed attempt's last entry to the next attempt's start (hang
-  detection, torchrun's teardown and restart);
+- ``restarts``: from a failed attempt's last step or save to the next attempt's start (the
+  failure, hang detection, torchrun's teardown and restart);
 - ``waiting``: the rest (metrics and bookkeeping between steps, the ends of launches).
 
 ``goodput`` is the productive share of the wall time. :func:`straggler` names a rank that is
@@ -66,8 +66,9 @@ def account(run_dir: str | Path) -> dict[str, Any] | None:
         updated = ledger["updated"]
         previous = found[i - 1] if i else None
         same_launch = previous is not None and previous.get("launch") == ledger.get("launch")
-        if same_launch and previous is not None:  # a restart within the launch
-            gap = max(0.0, ledger["process_start"] - previous["updated"])
+        if same_launch and previous is not None:  # a restart within the launch: from the failed
+            # attempt's last progress (what it did after, waiting for a peer, is the failure's)
+            gap = max(0.0, ledger["process_start"] - _last_progress(previous))
             seconds["restarts"] += gap
             wall += gap
             start = ledger["process_start"]
@@ -79,7 +80,8 @@ def account(run_dir: str | Path) -> dict[str, Any] | None:
         seconds["productive"] += steps.get("compute", 0.0) + steps.get("data", 0.0) - compile_s
         seconds["evaluation"] += steps.get("evaluation", 0.0)
         seconds["checkpointing"] += steps.get("checkpointing", 0.0)
-        wall += max(0.0, updated - start)
+        restarted = i + 1 < len(found) and found[i + 1].get("launch") == ledger.get("launch")
+        wall += max(0.0, (_last_progress(ledger) if restarted else updated) - start)
         redone = _redone(ledger, found[i + 1 :])
         seconds["lost"] += redone
         seconds["productive"] -= redone
@@ -90,6 +92,11 @@ def account(run_dir: str | Path) -> dict[str, Any] | None:
         "seconds": rounded,
         "goodput": round(seconds["productive"] / wall, 4) if wall else None,
     }
+
+
+def _last_progress(ledger: dict[str, Any]) -> float:
+    """When the attempt last finished a step or a save (its last entry where not recorded)."""
+    return float(ledger.get("progress", ledger["updated"]))
 
 
 def _first_step_excess(steps: dict[str, Any]) -> float:

@@ -33,7 +33,7 @@ def steps(data: float, compute: float, first: float, count: int, evaluation: flo
 def test_two_attempts_of_a_launch_are_split_into_every_category(tmp_path):
     # attempt 0: launched at 100, process at 102, first step at 110; 6 steps of 1 s after a first of
     # 5 s (7 steps: 11 s, 2 of them waiting for data); checkpoint at step 4 after 8 s of steps; 3 s
-    # of saves, 2 s of evaluation; last entry at 140, then it hung.
+    # of saves, 2 s of evaluation; last step at 135, last entry at 140 (waiting for a hung peer).
     ledger(
         tmp_path,
         "L-0",
@@ -43,12 +43,13 @@ def test_two_attempts_of_a_launch_are_split_into_every_category(tmp_path):
         launch_time=100.0,
         process_start=102.0,
         first_step_start=110.0,
+        progress=135.0,  # its last step; it then waited for a lost peer until 140
         updated=140.0,
         last_step=7,
         steps=steps(2.0, 9.0, 5.0, 7, evaluation=2.0, ckpt=3.0),
         checkpoints={"4": 8.0},
     )
-    # attempt 1 of the same launch: started at 170 (30 s of restart), resumed from step 4, first
+    # attempt 1 of the same launch: started at 170 (35 s of failure and restart), resumed from step 4, first
     # step at 175, 8 steps of 1 s (first 1 s: nothing compiles again), last entry at 190.
     ledger(
         tmp_path,
@@ -67,12 +68,12 @@ def test_two_attempts_of_a_launch_are_split_into_every_category(tmp_path):
     found = account(tmp_path)
     assert found is not None
     s = found["seconds"]
-    assert found["wall_s"] == 40.0 + 30.0 + 20.0  # 100-140, the restart, 170-190
+    assert found["wall_s"] == 35.0 + 35.0 + 20.0  # 100-135, the failure and restart, 170-190
     assert s["start-up"] == 10.0 + 5.0
     assert s["compile"] == 5.0 - 1.0  # the first step beyond the mean of the other six
     assert s["lost"] == 11.0 - 8.0  # steps 5-7 were done again after the resume from step 4
     assert s["productive"] == (11.0 - 4.0 - 3.0) + 8.0
-    assert (s["evaluation"], s["checkpointing"], s["restarts"]) == (2.0, 4.0, 30.0)
+    assert (s["evaluation"], s["checkpointing"], s["restarts"]) == (2.0, 4.0, 35.0)
     assert s["waiting"] == pytest.approx(90.0 - sum(v for k, v in s.items() if k != "waiting"))
     assert list(s) == list(CATEGORIES)
     assert found["goodput"] == round(12.0 / 90.0, 4)

@@ -105,12 +105,13 @@ class Clock(Callback):
         steps["checkpointing"] += now - self._marks.get("saved", now)
         self._marks["saved"] = now
         self._ledger["checkpoints"][str(self.step)] = round(steps["compute"] + steps["data"], 3)
+        self._write(progress=True)
 
     def post_step(self) -> None:
         """The step is done (before the evaluators run): the ledger is written."""
         self._ledger["last_step"] = self.step
         self._marks["after"] = time.perf_counter()
-        self._write()
+        self._write(progress=True)
 
     def post_train(self) -> None:
         """The last step's aftermath ends (the final save that follows calls
@@ -120,7 +121,8 @@ class Clock(Callback):
         self._marks["saved"] = now
 
     def close(self) -> None:
-        """Write the ledger a last time."""
+        """Write the ledger a last time (however the attempt ends: ``updated`` moves, ``progress``
+        stays at the last step or save, so a failure's wait counts to the restart)."""
         if self._ledger:
             self._write()
 
@@ -131,12 +133,14 @@ class Clock(Callback):
         if after is not None and self.eval_interval and self.step % self.eval_interval == 0:
             self._ledger["steps"]["evaluation"] += now - after
 
-    def _write(self) -> None:
+    def _write(self, progress: bool = False) -> None:
         from olmo_core.distributed.utils import get_rank
 
         if get_rank() != 0 or not self._ledger:
             return
         self._ledger["updated"] = time.time()
+        if progress or "progress" not in self._ledger:
+            self._ledger["progress"] = self._ledger["updated"]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.path, json.dumps(self._ledger))

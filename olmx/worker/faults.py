@@ -154,9 +154,10 @@ class TrainingGuard(Callback):
         install_stop_handlers()
         if getattr(self.trainer, "_cancel_reason", None):  # a signal landed in OLMo-core's handler
             request_stop(signal.SIGTERM)
-        model = getattr(self.trainer.train_module, "model", None)
-        if model is not None and hasattr(model, "register_forward_hook"):
-            model.register_forward_hook(self._keep_loss)
+        module = self.trainer.train_module
+        parts = getattr(module, "model_parts", None) or [module.model]  # (a pipeline's .model raises)
+        if len(parts) == 1 and hasattr(parts[0], "register_forward_hook"):
+            parts[0].register_forward_hook(self._keep_loss)
 
     def _keep_loss(self, module: Any, args: Any, output: Any) -> None:
         import torch
