@@ -211,6 +211,7 @@ class SlurmInfra(InfraPlugin):
         from olmx_plugins.infra.slurm import jobs
 
         script = self.script(cfg, plan)
+        submitted = time.time()
         job_id = jobs.submit(script, run_dir=plan.run_dir, filename=SCRIPT_FILE)
         log = jobs.log_path(job_id, plan.run_dir)
         RunDir(plan.run_dir).write_launch(
@@ -230,21 +231,38 @@ class SlurmInfra(InfraPlugin):
                 f"olmx jobs logs {plan.run_dir}  |  olmx jobs cancel {plan.run_dir}"
             )
             return 0
-        return self._follow(plan, job_id, cfg, make_console(stderr=True))
+        return self._follow(plan, job_id, cfg, make_console(stderr=True), since=submitted)
 
-    def _follow(self, plan: Any, job_id: str, cfg: SlurmConfig, console: Any) -> int:
+    def _follow(self, plan: Any, job_id: str, cfg: SlurmConfig, console: Any, since: float = 0.0) -> int:
+        """Follow the job to its end. On one node its log holds torchrun's failure lines, read
+        as a local launch reads them (:class:`olmx.launch.failures.FailureRecorder`): which rank
+        failed and why goes to ``events.jsonl`` (``rank_failed``) as it happens, and a restart
+        is said. (On several nodes their lines mix in one log: each node's rank is not told.)"""
+        from olmx.launch.failures import FailureRecorder
         from olmx.launch.monitor import follow
         from olmx_plugins.infra.slurm import jobs
 
         log = jobs.log_path(job_id, plan.run_dir)
         watch = _JobWatch(job_id, cfg.poll_seconds, requeue=cfg.requeue, say=console.print)
+        one_node = plan.world.nnodes == 1
+        recorder = FailureRecorder(plan.run_dir, log, offset=0, since=since, node_rank=0, launch=f"slurm-{job_id}")
+
+        def poll() -> int | None:
+            rc = watch.poll()
+            if one_node:
+                recorder.poll()
+            return rc
+
         try:
             with console.status(f"Slurm job {job_id}: submitted") as status:
                 start = time.monotonic()
                 while watch.queued():
                     status.update(f"Slurm job {job_id}: {watch.line()} ({time.monotonic() - start:.0f} s)")
                     time.sleep(0.2)
-            return follow(plan, watch.poll, log_path=log, console=console, interval=0.5)
+            rc = follow(plan, poll, log_path=log, console=console, interval=0.5)
+            for failure in recorder.failures:
+                console.print(f"[yellow]restarted[/] after {failure.describe()}")
+            return rc
         except KeyboardInterrupt:
             raise self._interrupted(plan, job_id, console) from None
         except RunFailed as exc:

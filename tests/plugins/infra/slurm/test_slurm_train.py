@@ -91,6 +91,23 @@ def test_train_on_slurm_end_to_end(tmp_path: Path, env: dict) -> None:
     print(f"olmx train infra=slurm, 4 steps: {elapsed:.1f} s")
 
 
+def test_a_killed_rank_is_named_and_restarted_as_on_one_machine(tmp_path: Path, env: dict) -> None:
+    """Rank 1 SIGKILLed inside step 3 of a one-node job: torchrun restarts from step 2, and the
+    rank's failure is in events.jsonl and said, as a local launch says it (it was only in the
+    job's log)."""
+    from olmx.events import read_events
+
+    run = tmp_path / "run"
+    args = [*SLURM, *SMALL, f"trainer.run_dir={run}", "trainer.max_steps=4", "trainer.save_interval=2"]
+    proc = olmx_cli("train", *args, "infra.max_restarts=1", env={**env, "OLMX_FAULTS": "kill@3:1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (failed,) = [e for e in read_events(run) if e["event"] == "rank_failed"]
+    assert (failed["local_rank"], failed["exitcode"]) == (1, -9) and "SIGKILL" in failed["cause"]
+    assert "restarted after node 0 local rank 1 (attempt 0): killed by SIGKILL" in proc.stderr
+    starts = [(e["attempt"], e["resumed_from"]) for e in read_events(run) if e["event"] == "start"]
+    assert starts == [(0, None), (1, 2)]
+
+
 def test_detach_then_jobs_status_logs_cancel(tmp_path: Path, env: dict) -> None:
     run = tmp_path / "run"
     start = time.monotonic()
