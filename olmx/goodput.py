@@ -134,7 +134,8 @@ def bar(result: dict[str, Any], width: int = 40) -> str:
     shares = {k: v / wall for k, v in result["seconds"].items()}
     filled = round(width * shares["productive"])
     parts = [f"{k} {100 * s:.0f}%" for k, s in shares.items() if s >= 0.005]
-    return f"[{'#' * filled}{'.' * (width - filled)}] " + ", ".join(parts) + f" of {_duration(wall)}"
+    # (between bars, not brackets: rich would read "[###...]" in a table as markup and drop it)
+    return f"|{'#' * filled}{'.' * (width - filled)}| " + ", ".join(parts) + f" of {_duration(wall)}"
 
 
 def _duration(seconds: float) -> str:

@@ -78,7 +78,7 @@ def test_two_attempts_of_a_launch_are_split_into_every_category(tmp_path):
     assert list(s) == list(CATEGORIES)
     assert found["goodput"] == round(12.0 / 90.0, 4)
     line = bar(found, width=20)
-    assert line.startswith("[###" + "." * 17 + "] productive 13%, start-up 17%, compile 4%")
+    assert line.startswith("|###" + "." * 17 + "| productive 13%, start-up 17%, compile 4%")
     assert line.endswith("of 0:01:30")
 
 
