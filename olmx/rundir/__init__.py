@@ -30,7 +30,7 @@ from olmx.rundir.layout import (
     tail,
 )
 from olmx.rundir.lock import LOCK_ENV, Holder, RunLock
-from olmx.rundir.processes import process_alive, process_start, processes_with_env
+from olmx.rundir.processes import process_alive, process_start, process_state, processes_with_env
 
 #: The public names: what plugins may import from here (see olmx.api.PUBLIC_MODULES).
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "OLD_CHECKPOINTS",
     "RunDir",
     "process_start",
+    "process_state",
     "process_alive",
     "processes_with_env",
     "Holder",

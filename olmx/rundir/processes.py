@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["process_start", "process_alive", "processes_with_env", "boot_id", "pid_namespace"]
+__all__ = ["process_start", "process_state", "process_alive", "processes_with_env", "boot_id", "pid_namespace"]
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -18,6 +18,13 @@ def _proc_stat(pid: int) -> list[str] | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R`` running, ``S`` sleeping, ``D`` in
+    uninterruptible sleep, ``T`` stopped, ...; None: gone or unknown)."""
+    fields = _proc_stat(pid)
+    return fields[0] if fields else None
 
 
 def process_start(pid: int) -> int | None:

@@ -49,7 +49,8 @@ from typing import Any, ClassVar
 from olmo_core.train.callbacks import Callback
 
 from olmx.events import EXIT_HANG, append_event
-from olmx.rundir import RunDir
+from olmx.rundir import RunDir, process_state
+from olmx.writable import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +68,6 @@ PROCESS_STATES = {
 def attempt_dir(run_dir: str | Path, attempt: int) -> Path:
     """``RUN_DIR/hang/attempt<A>``: the watchdog's files of one torchrun attempt."""
     return RunDir(run_dir).hang / f"attempt{attempt}"
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of process ``pid`` on this host (``/proc/PID/stat``), None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()[0]
 
 
 def main_stack() -> list[dict[str, Any]]:
@@ -107,12 +99,6 @@ def classify(stack: list[dict[str, Any]]) -> tuple[str, str]:
     if any(f"{os.sep}torch{os.sep}autograd{os.sep}" in f["file"] for f in stack):
         return "waits", "the backward pass (its gradient reductions)"
     return "waits", inner["function"]
-
-
-def _write_json(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(record, default=str))
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -230,7 +216,7 @@ class Watchdog:
         record = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid()}
         record.update(step=self.step, phase=self.phase, time=time.time())
         try:
-            _write_json(self.folder / f"rank{self.rank}.beat.json", record)
+            write_text_atomic(self.folder / f"rank{self.rank}.beat.json", json.dumps(record, default=str))
         except OSError:
             pass  # a full disk must not end the rank from here
 
@@ -254,7 +240,7 @@ class Watchdog:
             with open(self.folder / f"rank{self.rank}.stack.txt", "w") as f:
                 faulthandler.dump_traceback(f, all_threads=True)
             self._flight_recorder()
-            _write_json(self.folder / f"rank{self.rank}.report.json", report)
+            write_text_atomic(self.folder / f"rank{self.rank}.report.json", json.dumps(report, default=str))
         except OSError as e:
             log.error(f"hang watchdog: could not write its report ({e})")
         log.error(f"hang: rank {self.rank} made no progress for {since} s at step {self.step} ({self.phase}); {at}")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from olmx.events import EXIT_HANG, read_events
-from olmx.worker.watchdog import classify, process_state, verdict
+from olmx.rundir import process_state
+from olmx.worker.watchdog import classify, verdict
 from tests.conftest import olmx_cli
 from tests.test_training import REFERENCE_STEPS, SMALL
 
