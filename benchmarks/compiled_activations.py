@@ -97,7 +97,7 @@ def model_config(case: Case) -> Any:
     )
 
 
-def build_block(case: Case) -> Any:
+def build_block(case: Case, seq: int = SEQ) -> Any:
     """Block 0 of a 1-block OLMo-core model built as the worker builds it, on CPU, with its
     activation checkpointing applied as OLMo-core's train module applies it."""
     import torch
@@ -106,7 +106,7 @@ def build_block(case: Case) -> Any:
     from olmx.worker.train import activation_checkpointing_config
 
     torch.manual_seed(0)
-    model = build_model_config(model_config(case), vocab_size=384, attention="torch", seq_len=SEQ).build(
+    model = build_model_config(model_config(case), vocab_size=384, attention="torch", seq_len=seq).build(
         init_device="cpu"
     )
     if case.ac is not None:
@@ -116,7 +116,9 @@ def build_block(case: Case) -> Any:
     return block.to(torch.bfloat16) if case.precision == "bf16" else block
 
 
-def saved(block: Any, case: Case, compiled: bool) -> tuple[int, list[tuple[tuple[int, ...], str]], int]:
+def saved(
+    block: Any, case: Case, compiled: bool, batch: int = BATCH, seq: int = SEQ
+) -> tuple[int, list[tuple[tuple[int, ...], str]], int]:
     """``(bytes per token, [(shape, dtype)] of what was counted, tensors the compiled backward
     node holds)`` that ``block`` saves for backward on one micro-batch (then runs the backward,
     so a compiled block's backward graph is compiled and used too)."""
@@ -128,14 +130,14 @@ def saved(block: Any, case: Case, compiled: bool) -> tuple[int, list[tuple[tuple
     # the block's input: the previous block's output, in the compute dtype (float32 under autocast:
     # the residual stream stays in the parameters' dtype)
     x_dtype = torch.float32 if case.precision in ("fp32", "autocast") else dtype
-    x = torch.randn(BATCH, SEQ, case.d, dtype=x_dtype, requires_grad=True)
+    x = torch.randn(batch, seq, case.d, dtype=x_dtype, requires_grad=True)
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     seen: dict[int, tuple[int, tuple[int, ...], str]] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         s = t.untyped_storage()
         # a token dimension: (B, T, ...), (B, heads, T, ...) or (B * T, ...); not RoPE's (T, head) tables
-        tokens = t.dim() >= 2 and (t.shape[0] == BATCH * SEQ or (t.shape[0] == BATCH and SEQ in t.shape[1:3]))
+        tokens = t.dim() >= 2 and (t.shape[0] == batch * seq or (t.shape[0] == batch and seq in t.shape[1:3]))
         if tokens and s.data_ptr() not in params:
             seen[s.data_ptr()] = (s.nbytes(), tuple(t.shape), str(t.dtype).removeprefix("torch."))
         return t
@@ -146,7 +148,7 @@ def saved(block: Any, case: Case, compiled: bool) -> tuple[int, list[tuple[tuple
     held = len(getattr(y.grad_fn, "saved_tensors", ())) if compiled else 0
     y.float().square().mean().backward()
     total = sum(n for n, _, _ in seen.values())
-    return total // (BATCH * SEQ), sorted((s, dt) for _, s, dt in seen.values()), held
+    return total // (batch * seq), sorted((s, dt) for _, s, dt in seen.values()), held
 
 
 def measure(case: Case, backend: str) -> dict[str, Any]:
@@ -170,6 +172,116 @@ def measure(case: Case, backend: str) -> dict[str, Any]:
         "eager_saved": [f"{list(s)} {dt}" for s, dt in eager_shapes],
         "compiled_saved": [f"{list(s)} {dt}" for s, dt in comp_shapes],
     }
+
+
+#: ``activation_checkpointing=budget``: blocks with OLMo 3 32B's and 7B's width ratios (feed-forward
+#: 5.4 d with 8 query heads a kv head; 2.69 d with MHA; heads of 128), and the budgets counted.
+BUDGET_CASES = [
+    Case("OLMo 3 32B ratios: d640 h3456 GQA 1 kv", 640, 5, 1, 3456),
+    Case("OLMo 3 7B ratios: d512 h1376 MHA", 512, 4, 4, 1376),
+]
+BUDGETS = (1.0, 0.9, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+#: Tokens of the budget count: 2 sequences of 1024.
+BUDGET_SEQ = 1024
+
+
+def measure_budget(case: Case, budget: float) -> dict[str, Any]:
+    """What the min-cut partitioner keeps and recomputes for ``case`` compiled under
+    ``torch._functorch.config.activation_memory_budget = budget`` (OLMo-core's ``mode=budget``):
+    saved bytes per token (hooks, as :func:`saved`), the forward and backward graphs' matmul
+    FLOPs (the backward's beyond twice the forward's are recomputed), and whether the backward
+    graph runs the attention forward again; inductor's decompositions, no code generation."""
+    import torch
+    import torch._functorch.config as functorch_config
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.compile_fx import select_decomp_table
+
+    from olmx.plan.throughput import budget_recompute
+
+    graphs: dict[str, Any] = {}
+
+    def keep(name: str) -> Any:
+        def compiler(gm: Any, _inputs: Any) -> Any:
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    backend = aot_autograd(
+        fw_compiler=keep("forward"),
+        bw_compiler=keep("backward"),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=select_decomp_table(),
+    )
+    block = build_block(case, BUDGET_SEQ)
+    torch._dynamo.reset()
+    with functorch_config.patch(activation_memory_budget=budget):
+        block.compile(fullgraph=False, backend=backend)
+        kept, _, _ = saved(block, case, compiled=True, seq=BUDGET_SEQ)
+    torch._dynamo.reset()
+
+    def matmuls(gm: Any) -> int:
+        out = 0
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and str(node.target) in ("aten.mm.default", "aten.addmm.default"):
+                a, b = node.args[-2].meta["val"], node.args[-1].meta["val"]
+                out += 2 * a.numel() * b.shape[-1]
+        return out
+
+    forward, backward = matmuls(graphs["forward"]), matmuls(graphs["backward"])
+    attention = any(
+        "scaled_dot_product" in str(n.target) and "backward" not in str(n.target)
+        for n in graphs["backward"].graph.nodes
+    )
+    return {
+        "name": case.name,
+        "budget": budget,
+        "kept": kept,
+        "recomputed_matmul_share": round((backward - 2 * forward) / forward, 3),
+        "attention_recomputed": attention,
+        "forward_matmul_flops_per_token": forward // (BATCH * BUDGET_SEQ),
+        "model_recompute_share": round(budget_recompute(forward, 0, budget) / forward, 3),
+    }
+
+
+def budget_table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of the budget rows (each compared with its block's budget-1 row)."""
+    lines = [
+        "| block | budget | saved B/token | plan's term | saved / term | matmuls recomputed | plan's share "
+        "| attention recomputed |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['budget']:g} | {r['kept']} | {r['model']} | {r['kept'] / r['model']:.2f} "
+            f"| {r['recomputed_matmul_share']:.0%} | {r['model_recompute_share']:.0%} "
+            f"| {'yes' if r['attention_recomputed'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def budget_rows() -> list[dict[str, Any]]:
+    """Every :data:`BUDGET_CASES` block at every :data:`BUDGETS`, with the plan's term of what
+    it keeps (:func:`olmx.plan.memory.budget_block_activations` of its budget-1 count)."""
+    from olmx.plan.memory import budget_block_activations
+
+    out = []
+    for case in BUDGET_CASES:
+        kept_all = None
+        for budget in BUDGETS:
+            r = measure_budget(case, budget)
+            kept_all = r["kept"] if kept_all is None else kept_all
+            r["model"] = budget_block_activations(kept_all, case.d * 2, budget)  # the block input: d in bf16
+            out.append(r)
+            print(
+                f"{case.name:40} budget {budget:4} kept {r['kept']:6} (term {r['model']:6}) matmuls recomputed "
+                f"{r['recomputed_matmul_share']:.0%} (plan {r['model_recompute_share']:.0%}) "
+                f"attention {'recomputed' if r['attention_recomputed'] else 'kept'}",
+                flush=True,
+            )
+    return out
 
 
 def model_bytes(case: Case, compiled: bool) -> int:
@@ -252,6 +364,22 @@ QK-norm and OLMo 3's reordered norms unless its name says otherwise.
 
 {listing}
 
+### `activation_checkpointing=budget` (OLMo-core's `mode=budget`, OLMo 3 32B's script: 0.5)
+
+Each block compiled with inductor's decompositions and the min-cut partitioner under
+`torch._functorch.config.activation_memory_budget` (what OLMo-core's budget mode sets), {BATCH} x
+{BUDGET_SEQ} tokens, bf16. "saved": the hooks' count as above; "plan's term":
+`olmx.plan.memory.budget_block_activations` of the block's budget-1 count (its input plus the
+budget's share of the rest); "matmuls recomputed": the backward graph's matmul FLOPs beyond twice
+the forward's, over the forward's; "plan's share": `olmx.plan.throughput.budget_recompute`'s (the
+plan also counts the attention's forward as recomputed below a budget of 1). On CPU the attention
+op has no FLOP count, so the partitioner prices its recompute at nothing (as flash-attn's custom op
+on GPUs; torch's CUDA SDPA kernels are priced).
+
+{budget_table(record.get("budget_rows", []))}
+
+Recorded: {record.get("budget_meta", "not yet")}.
+
 Reading: compiled, a block keeps its input, q and k before QK-norm, q, k and v after RoPE, the
 attention output and SDPA's log-sum-exp, the output projection (the attention norm's input),
 the residual after attention, the feed-forward's two h-wide projections and the product of the
@@ -281,12 +409,15 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor: the worker's).")
     parser.add_argument("--only", nargs="+", help="Count only the cases whose name contains one of these.")
     parser.add_argument("--out", type=Path, default=RESULTS, help="Where compiled_activations.json goes.")
+    parser.add_argument("--budget", action="store_true", help="Count only the activation_checkpointing=budget rows.")
     args = parser.parse_args()
     path = args.out / "compiled_activations.json"
-    record = json.loads(path.read_text()) if path.exists() and args.only else {"rows": []}
-    record.update(backend=args.backend, meta=machine())
+    partial = args.only or args.budget
+    record = json.loads(path.read_text()) if path.exists() and partial else {"rows": []}
+    if not args.budget:
+        record.update(backend=args.backend, meta=machine())
     rows = {r["name"]: r for r in record["rows"]}
-    for case in CASES:
+    for case in [] if args.budget else CASES:
         if args.only and not any(p in case.name for p in args.only):
             continue
         r = measure(case, args.backend)
@@ -300,7 +431,12 @@ def main() -> None:
         record["rows"] = [rows[c.name] for c in CASES if c.name in rows]
         path.write_text(json.dumps(record, indent=1) + "\n")
         write_section(record, args.out)
+    if not args.only:
+        record.update(budget_rows=budget_rows(), budget_meta=machine())
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        write_section(record, args.out)
     print(table(record["rows"]))
+    print(budget_table(record.get("budget_rows", [])))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,12 @@ run them.
   olmx's attention is ``d_model`` wide, so it plans 48 heads of 128 with 24 KV heads where the
   model has 64 with 32 (an 8,192-wide attention): 2.4B fewer parameters, 0.2%.
 
+Then OLMo-core's own OLMo 3 recipes (``experiment=olmo3_7b``, ``experiment=olmo3_32b``) at the
+published cluster shapes (7B on 1 and 64 nodes of 8 H100s, 32B on 128) under ``parallel=auto``:
+the script's layout with its estimate beside auto's choice (the plan's ``auto`` rows), and the
+predicted tokens/s per GPU (the downstream task set is left out: planning it tokenizes every
+task with dolma2's tokenizer.json, which need not be on the machine).
+
 The data is a sparse token file of the published tokenizer's ids (dolma2: 100,278 ids, padded
 to 100,352), large enough for one step, written to a temporary folder (the plan reads sizes and
 samples ids; nothing is trained).
@@ -196,6 +202,30 @@ def main() -> None:
                 )
             if published:
                 print(f"\n{published}")
+        recipes(data, reg)
+
+
+#: ``(recipe, nodes of 8 H100s)`` at the published cluster shapes.
+RECIPES = [("olmo3_7b", 1), ("olmo3_7b", 64), ("olmo3_32b", 128)]
+
+
+def recipes(data: Path, reg: object) -> None:
+    """The recipes table: each recipe's script layout beside ``parallel=auto``'s choice."""
+    print("\n### OLMo 3 recipes at published cluster shapes (parallel=auto)\n")
+    print("| recipe, world | the script's layout: estimate | auto's choice | auto: estimate | beside it | tokens/s/GPU |")
+    print("|---|---|---|---|---|---:|")
+    for name, nodes in RECIPES:
+        overrides = [f"experiment={name}", "infra=slurm", f"infra.nodes={nodes}", "infra.gpus_per_node=8"]
+        overrides += ["infra.gpu_name='NVIDIA H100 80GB HBM3'", f"data.paths=[{data}]", "eval.downstream=[]"]
+        plan = plan_from_overrides([*overrides, "parallel=auto"], reg)
+        rows = dict(plan.sections["auto"])
+        theirs = next(v for k, v in rows.items() if k.endswith("'s layout") and k != "auto's layout")
+        per_gpu = dict(plan.sections["time"])["tokens/s"].split(" per device")[0]
+        ours = rows["auto's layout"]
+        print(
+            f"| {name}, {nodes} x 8 H100 | {theirs} | {rows['chosen']} | {ours} "
+            f"| {rows.get('beside it', '-')} | {per_gpu} |"
+        )
 
 
 if __name__ == "__main__":

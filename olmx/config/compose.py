@@ -121,10 +121,20 @@ def _hydra_compose(overrides: list[str]) -> Any:
 def recipe_layout(layout: list[str], overrides: list[str]) -> list[str]:
     """The recipe's ``recipe.layout`` overrides that apply: those the user's overrides do not set
     themselves, and none of the parallel plugins' where the user chose the parallel strategies
-    (``parallel=auto``, ``parallel=[fsdp]``): their settings would be for plugins not selected."""
+    (``parallel=auto``, ``parallel=[fsdp]``): their settings would be for plugins not selected;
+    under ``parallel=auto`` not the recipe's activation checkpointing either, which auto chooses
+    with the layout (the recipe's micro-batch stays: auto lowers from it)."""
     keys = {_key(o) for o in overrides}
     own_parallel = "parallel" in keys
-    return [o for o in layout if _key(o) not in keys and not (own_parallel and _key(o).startswith("parallel."))]
+    auto = any(_key(o) == "parallel" and o.partition("=")[2].strip() == "auto" for o in overrides)
+
+    def applies(o: str) -> bool:
+        key = _key(o)
+        if key in keys or (own_parallel and key.startswith("parallel.")):
+            return False
+        return not (auto and key == "trainer.activation_checkpointing")
+
+    return [o for o in layout if applies(o)]
 
 
 def _key(override: str) -> str:

@@ -69,13 +69,15 @@ class Optimizer(StrEnum):
 
 
 class ActivationCheckpointing(StrEnum):
-    """``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block), olmx's
-    ``long_context`` (olmx.worker.train.LONG_CONTEXT_AC_MODULES) and ``auto`` (the plan
-    chooses). OLMo-core's ``selected_ops`` is not offered: with torch 2.13 its recompute fails
-    in RoPE ("aten.alias.default invocation index 4 encountered during backward but not found
-    in storage", benchmarks/results/ulysses.md)."""
+    """``trainer.activation_checkpointing``: OLMo-core's ``full`` (every block) and ``budget``
+    (torch.compile's partitioner keeps at most ``trainer.activation_memory_budget`` of what a
+    compiled block would keep), olmx's ``long_context`` (olmx.worker.train.LONG_CONTEXT_AC_MODULES)
+    and ``auto`` (the plan chooses). OLMo-core's ``selected_ops`` is not offered: with torch 2.13
+    its recompute fails in RoPE ("aten.alias.default invocation index 4 encountered during
+    backward but not found in storage", benchmarks/results/ulysses.md)."""
 
     full = "full"
+    budget = "budget"
     long_context = "long_context"
     auto = "auto"
 
@@ -323,11 +325,19 @@ class TrainerConfig:
     #: first finished step; must exceed the longest evaluation and checkpoint save. null: 600
     #: on CUDA, 1800 on CPUs; 0 turns the watchdog off.
     hang_timeout: Optional[int] = setting(None, ge=0, integer=True)
-    #: Activation checkpointing: ``full`` (OLMo-core: every block), ``long_context`` (olmx:
-    #: keep attention outputs, recompute feed-forward and norms), null for none, or ``auto``:
-    #: the cheapest of none < long_context < full whose estimated peak memory fits the device
-    #: (on CPUs: this machine's RAM divided by its processes); the plan says which and why.
+    #: Activation checkpointing: ``full`` (OLMo-core: every block), ``budget`` (OLMo-core:
+    #: torch.compile's min-cut partitioner recomputes what it must to keep at most
+    #: ``activation_memory_budget`` of what compiled blocks keep; needs torch.compile, so CUDA),
+    #: ``long_context`` (olmx: keep attention outputs, recompute feed-forward and norms), null
+    #: for none, or ``auto``: the cheapest of none < budget (compiled runs) < long_context < full
+    #: whose estimated peak memory fits the device (on CPUs: this machine's RAM divided by its
+    #: processes); the plan says which and why.
     activation_checkpointing: Optional[ActivationCheckpointing] = setting(None, choices=ActivationCheckpointing)
+    #: ``activation_checkpointing=budget``'s share of the activations a compiled block keeps,
+    #: from 0 (recompute everything but the block's inputs) to 1 (keep what the partitioner
+    #: keeps anyway); OLMo-core's ``activation_memory_budget``, which sets torch's
+    #: ``torch._functorch.config.activation_memory_budget``. OLMo 3 32B's script: 0.5.
+    activation_memory_budget: float = setting(0.5, ge=0, le=1)
     #: Choose ``micro_batch_size`` from the memory estimate: the largest divisor of the
     #: per-rank batch (``global_batch_size`` / data-parallel ranks) whose estimated peak fits
     #: the device, tried after the layout and checkpointing (a smaller micro-batch only adds

@@ -16,8 +16,9 @@ lowered and activations are recomputed:
    (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then sequence or tensor x pipeline parallel
    (:data:`COMBINED_ADD_ONS`, by the first's degree, then the pipeline's); so sequence
    parallelism is never added to sequences that fit without it;
-2. activation checkpointing none < long_context < full (recompute costs FLOPs,
-   :mod:`olmx.plan.throughput`), with ``trainer.activation_checkpointing=auto`` or, under
+2. activation checkpointing none < budget < long_context < full (recompute costs FLOPs,
+   :mod:`olmx.plan.throughput`; ``budget``, at ``trainer.activation_memory_budget``, only where
+   the blocks are compiled), with ``trainer.activation_checkpointing=auto`` or, under
    ``parallel=auto``, where it is left unset (null);
 3. the data-parallel kind in the order of :data:`~olmx.api.PARALLEL_CAPABILITIES` (replicate <
    experts < hybrid < shard; experts only with a layer that has experts, hybrid only over
@@ -44,12 +45,14 @@ from typing import Any
 
 from olmx.config.schema import AUTO, ActivationCheckpointing, RunConfig
 from olmx.errors import ConfigError, OlmxError
+from olmx.plan.execution import compiles
 from olmx.plan.memory import GIB, gib, usable_gib
 from olmx.types import ADD_ON_CAPABILITIES, PARALLEL_CAPABILITIES, World
 
 #: ``trainer.activation_checkpointing`` by recompute, cheapest first.
 AC_BY_COST: tuple[ActivationCheckpointing | None, ...] = (
     None,
+    ActivationCheckpointing.budget,
     ActivationCheckpointing.long_context,
     ActivationCheckpointing.full,
 )
@@ -69,6 +72,8 @@ class Fit:
     peak: int
     #: Data-parallel ranks of its mesh.
     dp: int
+    #: FLOPs per token its activation checkpointing recomputes (:mod:`olmx.plan.throughput`).
+    recompute: int = 0
 
 
 #: Checks one concrete run as the plan does and estimates it; raises ConfigError where refused.
@@ -184,7 +189,8 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
     t = run.trainer
     # under parallel=auto an unset checkpointing is tried before a parallel dimension is added
     free_ac = t.activation_checkpointing == AUTO or (AUTO in run.parallel and t.activation_checkpointing is None)
-    acs = AC_BY_COST if free_ac else (t.activation_checkpointing,)
+    compiled = compiles(t, world)  # budget is the compiler's: tried only where blocks compile
+    acs = tuple(a for a in AC_BY_COST if a != "budget" or compiled) if free_ac else (t.activation_checkpointing,)
     lays = parallel_options(run, world, reg)
     asked = [f for f, on in _asked(run, lays) if on]
     if not asked:
@@ -194,28 +200,47 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
     valid: list[tuple[int, RunConfig, tuple[str, ...]]] = []
     errors: list[ConfigError] = []
     lower = AUTO in run.parallel  # a layout's per-rank batch decides the micro-batch
+
+    def first_fit(level: int, ac: ActivationCheckpointing | None) -> tuple[RunConfig, tuple[str, ...], Fit] | None:
+        """The first candidate of ``level`` with checkpointing ``ac`` that fits, in order."""
+        for lay in (lay for lay in lays if lay.level == level):
+            base = replace(run, parallel=lay.parallel, trainer=replace(t, activation_checkpointing=ac))
+            ac_override = (f"trainer.activation_checkpointing={ac or 'null'}",) if len(acs) > 1 else ()
+            for micro in _micro_batches(base, evaluate, errors, lay, tried, lower=lower):
+                cand = replace(base, trainer=replace(base.trainer, micro_batch_size=micro, auto_micro_batch=False))
+                changed = t.auto_micro_batch or micro != t.micro_batch_size
+                overrides = lay.overrides + ac_override + ((f"trainer.micro_batch_size={micro}",) if changed else ())
+                try:
+                    fit = evaluate(cand)
+                except ConfigError as exc:
+                    errors.append(exc)
+                    tried.append((overrides, None, f"refused: {exc}"))
+                    continue
+                if cap is None or fit.peak <= cap * GIB:
+                    return cand, overrides, fit
+                tried.append((overrides, fit.peak, f"{gib(fit.peak)} > {cap:.1f} GiB"))
+                valid.append((fit.peak, cand, overrides))
+        return None
+
     for level in sorted({lay.level for lay in lays}):
+        # each checkpointing mode's first fit at this level; the least recompute wins (what a mode
+        # recomputes depends on the model and the sequence, not on the layout: budget recomputes
+        # the attention, long_context the feed-forward); nothing recomputed ends the search
+        fitting: list[tuple[RunConfig, tuple[str, ...], Fit]] = []
         for ac in acs:
-            for lay in (lay for lay in lays if lay.level == level):
-                base = replace(run, parallel=lay.parallel, trainer=replace(t, activation_checkpointing=ac))
-                ac_override = (f"trainer.activation_checkpointing={ac or 'null'}",) if len(acs) > 1 else ()
-                for micro in _micro_batches(base, evaluate, errors, lay, tried, lower=lower):
-                    cand = replace(base, trainer=replace(base.trainer, micro_batch_size=micro, auto_micro_batch=False))
-                    changed = t.auto_micro_batch or micro != t.micro_batch_size
-                    overrides = (
-                        lay.overrides + ac_override + ((f"trainer.micro_batch_size={micro}",) if changed else ())
-                    )
-                    try:
-                        fit = evaluate(cand)
-                    except ConfigError as exc:
-                        errors.append(exc)
-                        tried.append((overrides, None, f"refused: {exc}"))
-                        continue
-                    fits = cap is None or fit.peak <= cap * GIB
-                    if fits:
-                        return Choice(cand, overrides, _rows(overrides, fit, cand, run, cap, world, tried))
-                    tried.append((overrides, fit.peak, f"{gib(fit.peak)} > {cap:.1f} GiB"))
-                    valid.append((fit.peak, cand, overrides))
+            found = first_fit(level, ac)
+            if found is not None:
+                fitting.append(found)
+                if found[2].recompute == 0:
+                    break
+        if fitting:
+            cand, overrides, fit = min(fitting, key=lambda f: f[2].recompute)  # the first of equals
+            for other, other_overrides, other_fit in fitting:
+                if other is not cand:
+                    more = other_fit.recompute - fit.recompute
+                    why = f"fits ({gib(other_fit.peak)}), but recomputes {more / 1e9:,.3g} GFLOPs per token more"
+                    tried.append((other_overrides, other_fit.peak, why))
+            return Choice(cand, overrides, _rows(overrides, fit, cand, run, cap, world, tried))
     return _nothing_fits(asked, valid, errors, tried, cap, world)
 
 

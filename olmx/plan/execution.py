@@ -54,6 +54,13 @@ class Execution:
     notes: tuple[str, ...] = ()
 
 
+def compiles(trainer: Any, world: World) -> bool:
+    """Whether ``trainer.compile`` compiles the blocks on ``world`` (``auto``: on with CUDA);
+    an invalid mode is :func:`resolve_execution`'s to refuse."""
+    mode = str(trainer.compile).lower()
+    return world.device == "cuda" if mode == "auto" else mode == "true" and world.device == "cuda"
+
+
 def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
     """The execution decisions for ``run`` on ``world`` with the precision plugin's dtypes."""
     m, t = run.model, run.trainer
@@ -109,7 +116,14 @@ def resolve_execution(run: Any, world: World, dtypes: Dtypes) -> Execution:
             f"true needs CUDA GPUs: OLMo-core 3.0.0 applies torch.compile only where CUDA is available "
             f"(this run's device is {world.device_name}); use trainer.compile=auto or false",
         )
-    compile_ = world.device == "cuda" if mode == "auto" else mode == "true"
+    compile_ = compiles(t, world)
+    if t.activation_checkpointing == "budget" and not compile_:
+        raise ConfigError(
+            "trainer.activation_checkpointing",
+            "budget needs torch.compile: its memory budget is applied by torch.compile's partitioner "
+            f"(trainer.compile={t.compile} on {world.device_name} does not compile; OLMo-core compiles only "
+            "where CUDA is available): use long_context, full or auto",
+        )
     notes.append(
         f"torch.compile: {'on' if compile_ else 'off'}"
         + (" (auto: on with CUDA)" if mode == "auto" and compile_ else " (auto: off on CPUs)" if mode == "auto" else "")

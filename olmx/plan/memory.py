@@ -27,9 +27,11 @@ default heap a CPU process keeps freed activation blocks and shows up to 2x more
   q's and k's with QK-norm). ``activation_checkpointing=full`` keeps each block's input and one
   block recomputed at a time; ``long_context`` keeps what the attention part does, except the
   norm's inner tensor, which it exchanges for the feed-forward norm's input, and recomputes
-  the feed-forward one block at a time. The output layer adds the logits and their gradient in
-  float32 (``2 * 4 * T * V``) and the embedding output. Attention runs in a memory-efficient
-  kernel (no ``T^2`` term). Plugins add what their own modules keep
+  the feed-forward one block at a time. ``budget`` (compiled blocks only) keeps each block's
+  input plus ``trainer.activation_memory_budget`` of the rest of what a compiled block keeps
+  (:func:`budget_block_activations`), the rest recomputed one block at a time. The output layer
+  adds the logits and their gradient in float32 (``2 * 4 * T * V``) and the embedding output.
+  Attention runs in a memory-efficient kernel (no ``T^2`` term). Plugins add what their own modules keep
   (:attr:`~olmx.api.Contribution.activation_bytes_per_token`: Ulysses' output in sequence
   layout and replicated kv heads, the MoE's routed copies and router, Engram's rows).
 * **buffers**: the larger of what is alive with the activations (FSDP2's gathered parameters
@@ -198,6 +200,17 @@ def compiled_block_activations(d: int, kv: int, h: int, qk_norm: bool, b: int) -
     return attn, ff, TRANSIENT_H * h * b
 
 
+def budget_block_activations(block: int, block_input: int, budget: float) -> int:
+    """Bytes per token a compiled block keeps under ``activation_checkpointing=budget``: torch's
+    partitioner (``torch._functorch.config.activation_memory_budget``) keeps the block's inputs
+    and at most ``budget`` of the rest of what it keeps without a budget (``block``), choosing
+    what to recompute by FLOPs. Counted on CPU at OLMo 3 7B's and 32B's width ratios
+    (``benchmarks/compiled_activations.py``, ``benchmarks/results/memory_model.md``): 0.79-1.07x
+    this at budgets 0.2-0.9, 1.05x at OLMo 3 32B's 0.5 (what it keeps comes in whole tensors, so
+    a budget between two of them keeps a little more or less)."""
+    return block_input + int(budget * max(0, block - block_input))
+
+
 def estimate(
     run: RunConfig,
     mesh: Mesh,
@@ -257,6 +270,9 @@ def estimate(
     ac = t.activation_checkpointing
     if ac == "full":  # block inputs, and one block recomputed in backward
         acts = kept * tokens * d * b + tokens * (attn + ff + transient) + head + plugin_acts
+    elif ac == "budget":  # the partitioner's share of each block, the rest recomputed one block at a time
+        kept_block = budget_block_activations(attn + ff, d * b, t.activation_memory_budget)
+        acts = kept * tokens * kept_block + tokens * (attn + ff - kept_block + transient) + head + plugin_acts
     elif ac == "long_context":  # feed-forward and norms recomputed (their inputs kept), one at a time
         # per block the attention part less its norm's inner tensor, plus the feed-forward
         # norm's input (saved-tensor count: 8 d-wide tensors per block with MHA, not 10)

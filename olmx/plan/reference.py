@@ -93,7 +93,8 @@ def layout_rows(plan: Plan, overrides: list[str], reg: Registry, cost: Cost) -> 
         t = recipe_run.trainer
         if not any(o.startswith("trainer.micro_batch_size=") for o in run.recipe.layout):
             theirs += f" trainer.micro_batch_size={t.micro_batch_size}"
-        theirs += f" trainer.activation_checkpointing={t.activation_checkpointing or 'null'}"
+        if not any(o.startswith("trainer.activation_checkpointing=") for o in run.recipe.layout):
+            theirs += f" trainer.activation_checkpointing={t.activation_checkpointing or 'null'}"
         recipe = cost(recipe_run)
         text = f"{theirs}: {describe(*recipe, plan.world)}"
         if recipe_ran_here(recipe_run, plan.world):

@@ -170,12 +170,21 @@ def resolve(run: RunConfig, reg: Registry, *, now: datetime | None = None) -> Pl
 
 def make_evaluator(world: World, reg: Registry) -> Evaluate:
     """What :func:`olmx.plan.auto.choose` asks of each candidate: checked as the plan checks a
-    run (:func:`estimate_run`, ConfigError where refused) and its estimated peak."""
-    from olmx.plan import auto
+    run (:func:`estimate_run`, ConfigError where refused), its estimated peak and what its
+    activation checkpointing recomputes (:mod:`olmx.plan.throughput`)."""
+    from olmx.plan import auto, throughput
 
     def fit(candidate: RunConfig) -> auto.Fit:
         e = estimate_run(candidate, world, reg)
-        return auto.Fit(peak=e.est.peak, dp=e.mesh.dp)
+        t = candidate.trainer
+        flops = throughput.flops_per_token(
+            candidate.model,
+            params=e.params,
+            seq_len=e.batch.seq_len,
+            activation_checkpointing=t.activation_checkpointing,
+            memory_budget=t.activation_memory_budget,
+        )
+        return auto.Fit(peak=e.est.peak, dp=e.mesh.dp, recompute=flops.recompute)
 
     return fit
 

@@ -8,7 +8,8 @@ and the blocks' two norms), plus attention's ``12 * n_heads * head_dim * pairs /
 layer, where ``pairs`` are the causal (query, key) pairs of a sequence, capped by the layer's
 sliding window. Activation checkpointing adds what it recomputes in backward: ``full`` the
 forward of every block (a third of the blocks' FLOPs), ``long_context`` the feed-forward's
-(2 per feed-forward parameter).
+(2 per feed-forward parameter), ``budget`` what torch's partitioner chooses to recompute
+(:func:`budget_recompute`).
 
 The step time is the FLOPs one device computes per optimizer step over its dense peak for the
 plan's compute dtype (:data:`olmx.launch.devices.PEAK_FLOPS`) times ``trainer.assumed_mfu``.
@@ -66,11 +67,39 @@ def layer_windows(model: ModelConfig) -> list[int | None]:
     return out
 
 
+#: ``activation_checkpointing=budget``: the budget at and above which torch's partitioner
+#: recomputes no matmul, only element-wise work and the attention kernel (which has no FLOP
+#: count on CPUs, nor as flash-attn's custom op, so it costs the partitioner nothing); below
+#: it, the share of the blocks' forward matmul FLOPs recomputed grows to all of them at 0.
+#: Counted from the partitioned backward graphs of compiled blocks at OLMo 3 7B's and 32B's
+#: width ratios (``benchmarks/compiled_activations.py``): no matmul recomputed at 0.6-0.9 (the
+#: attention from 0.7 down); at 0.5 12% (32B) and 17% (7B) of them, at 0.4 29% and 25%, at 0.3
+#: 40% and 45%, at 0.2 58% and 55% (this bound: 17%, 33%, 50%, 67%).
+BUDGET_NO_MATMUL_RECOMPUTE = 0.6
+
+
+def budget_recompute(block_matmul: int, attention: int, budget: float) -> int:
+    """FLOPs per token ``activation_checkpointing=budget`` recomputes, from the blocks' forward
+    matmul and attention FLOPs: the attention's forward below a budget of 1, and
+    ``1 - budget / BUDGET_NO_MATMUL_RECOMPUTE`` of the matmuls (a bound above what was counted,
+    :data:`BUDGET_NO_MATMUL_RECOMPUTE`)."""
+    if budget >= 1:
+        return 0
+    share = max(0.0, 1 - budget / BUDGET_NO_MATMUL_RECOMPUTE)
+    return attention + int(share * block_matmul)
+
+
 def flops_per_token(
-    model: ModelConfig, *, params: ParamCounts, seq_len: int, activation_checkpointing: str | None
+    model: ModelConfig,
+    *,
+    params: ParamCounts,
+    seq_len: int,
+    activation_checkpointing: str | None,
+    memory_budget: float = 1.0,
 ) -> Flops:
     """FLOPs per token of ``model`` with ``params`` (the plan's counts: the layers' active
-    parameters included) at ``seq_len`` (see the module docstring)."""
+    parameters included) at ``seq_len`` (see the module docstring); ``memory_budget``:
+    ``trainer.activation_memory_budget`` (read under ``activation_checkpointing=budget``)."""
     d, n = model.d_model, model.n_layers
     head_dim = d // model.n_heads
     matmul = params.active - params.embedding - 2 * d * n  # the blocks' two norms are not matmuls
@@ -82,6 +111,8 @@ def flops_per_token(
         recompute = (6 * matmul - head + attention) // 3
     elif activation_checkpointing == "long_context":  # the feed-forward's forward again
         recompute = 2 * 3 * d * model.hidden_size * n
+    elif activation_checkpointing == "budget":  # what the partitioner recomputes (a third: forward)
+        recompute = budget_recompute((6 * matmul - head) // 3, attention // 3, memory_budget)
     return Flops(params=6 * matmul, attention=attention, recompute=recompute)
 
 
@@ -113,7 +144,11 @@ def estimate(
     from olmx.hardware import peak_flops
 
     flops = flops_per_token(
-        run.model, params=params, seq_len=batch.seq_len, activation_checkpointing=run.trainer.activation_checkpointing
+        run.model,
+        params=params,
+        seq_len=batch.seq_len,
+        activation_checkpointing=run.trainer.activation_checkpointing,
+        memory_budget=run.trainer.activation_memory_budget,
     )
     peak = peak_flops(world.device_name, compute_dtype) if world.device == "cuda" else None
     per_device = flops.total * batch.global_tokens / world.size
@@ -127,7 +162,9 @@ def _g(n: float) -> str:
 
 def rows(est: StepTime, run: RunConfig, world: World, compute_dtype: str) -> list[tuple[str, str]]:
     """The plan's ``time`` section."""
-    f, ac = est.flops, run.trainer.activation_checkpointing
+    f, ac = est.flops, str(run.trainer.activation_checkpointing)
+    if ac == "budget":
+        ac = f"budget, trainer.activation_memory_budget={run.trainer.activation_memory_budget:g}"
     recompute = f" + recompute {_g(f.recompute)} (activation_checkpointing={ac})" if f.recompute else ""
     out = [
         (

@@ -58,7 +58,7 @@ def train_module_config(plan: Plan, reg: Any, param_names: Sequence[str] | None 
     if t.weight_decay and not t.decay_embeddings:
         kwargs["optim"].group_overrides = [OptimGroupOverride(params=["embeddings.weight"], opts={"weight_decay": 0.0})]
     if t.activation_checkpointing:
-        kwargs["ac_config"] = activation_checkpointing_config(t.activation_checkpointing)
+        kwargs["ac_config"] = activation_checkpointing_config(t.activation_checkpointing, t.activation_memory_budget)
     config = TransformerTrainModuleConfig(**kwargs)
     names = tuple(param_names or ())
     for plugin, cfg in plugins_in_order(plan.run, reg):
@@ -111,9 +111,10 @@ def apply_dtypes(plan: Plan, config: Any) -> None:
 LONG_CONTEXT_AC_MODULES = ["blocks.*.feed_forward", "blocks.*.feed_forward_norm", "blocks.*.attention_norm"]
 
 
-def activation_checkpointing_config(mode: str) -> Any:
+def activation_checkpointing_config(mode: str, budget: float = 0.5) -> Any:
     """OLMo-core ``TransformerActivationCheckpointingConfig`` for ``trainer.activation_checkpointing``:
-    an OLMo-core mode by name (``full``), or olmx's ``long_context`` policy."""
+    an OLMo-core mode by name (``full``; ``budget`` with ``budget``, the
+    ``trainer.activation_memory_budget``), or olmx's ``long_context`` policy."""
     from olmo_core.train.train_module import (
         TransformerActivationCheckpointingConfig,
         TransformerActivationCheckpointingMode,
@@ -122,6 +123,10 @@ def activation_checkpointing_config(mode: str) -> Any:
     if mode == "long_context":
         return TransformerActivationCheckpointingConfig(
             mode=TransformerActivationCheckpointingMode.selected_modules, modules=list(LONG_CONTEXT_AC_MODULES)
+        )
+    if mode == "budget":
+        return TransformerActivationCheckpointingConfig(
+            mode=TransformerActivationCheckpointingMode.budget, activation_memory_budget=budget
         )
     return TransformerActivationCheckpointingConfig(mode=TransformerActivationCheckpointingMode(mode))
 

@@ -60,6 +60,7 @@ def flops(p) -> int:
         params=p.params,
         seq_len=p.run.data.seq_len,
         activation_checkpointing=p.run.trainer.activation_checkpointing,
+        memory_budget=p.run.trainer.activation_memory_budget,
     ).total
 
 
@@ -134,7 +135,7 @@ def test_auto_adds_sequence_parallelism_only_where_nothing_fits_without_it(model
     base = grid_run("h100 x8", model, seq, "trainer.global_batch_size=8", "trainer.micro_batch_size=1")
     hands = []
     for layout in _layouts():
-        for ac in (None, "long_context", "full"):
+        for ac in (None, "budget", "long_context", "full"):
             run = replace(base, parallel=layout, trainer=replace(base.trainer, activation_checkpointing=ac))
             try:
                 hands.append(resolve(run, reg))

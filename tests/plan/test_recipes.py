@@ -68,10 +68,11 @@ def script(name: str) -> dict[str, Any]:
     from olmo_core.distributed.parallel import DataParallelType
     from olmo_core.float8 import Float8Config
     from olmo_core.nn.attention import AttentionBackendName
-    from olmo_core.nn.transformer import TransformerConfig
+    from olmo_core.nn.transformer import TransformerActivationCheckpointingMode, TransformerConfig
     from olmo_core.optim import CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
     from olmo_core.train import Duration
     from olmo_core.train.train_module import (
+        TransformerActivationCheckpointingConfig,
         TransformerDataParallelConfig,
         TransformerDataParallelWrappingStrategy,
         TransformerTrainModuleConfig,
@@ -82,11 +83,17 @@ def script(name: str) -> dict[str, Any]:
     if name == "olmo3_7b":
         build, global_tokens, lr, micro = TransformerConfig.olmo3_7B, 8192 * 512, 3e-4, 2 * 8192
         dp_extra: dict[str, Any] = {"wrapping_strategy": TransformerDataParallelWrappingStrategy.blocks}
+        extra: dict[str, Any] = {}  # no activation checkpointing
         duration, hard_stop, metrics, evals = Duration.tokens(int(5e12)), Duration.steps(597046), 10, 10_000
         instance_filter = None
     else:
         build, global_tokens, lr, micro = TransformerConfig.olmo3_32B, 8 * 1024 * 1024, 6e-4, seq
         dp_extra = {"wrapping_strategy": TransformerDataParallelWrappingStrategy.full, "shard_degree": 64}
+        extra = {
+            "ac_config": TransformerActivationCheckpointingConfig(
+                mode=TransformerActivationCheckpointingMode.budget, activation_memory_budget=0.5
+            )
+        }
         duration, hard_stop, metrics, evals = Duration.epochs(1), None, 50, 1000
         instance_filter = InstanceFilterConfig(
             repetition_max_period=13, repetition_min_period=1, repetition_max_count=32
@@ -109,6 +116,7 @@ def script(name: str) -> dict[str, Any]:
         float8_config=Float8Config(enabled=False),
         z_loss_multiplier=1e-5,
         max_grad_norm=1.0,
+        **extra,
     )
     return {
         "tokenizer": tokenizer,
@@ -274,3 +282,32 @@ def test_the_recipes_layout_on_its_sources_gpu_is_warned_not_refused(tmp_path: P
         with pytest.raises(ConfigError) as info:
             _plan("olmo3_7b", data, 1, *other)
         assert info.value.field == "memory"
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "sequences"), [("olmo3_7b", 1, 1100), ("olmo3_7b", 64, 1100), ("olmo3_32b", 128, 2100)]
+)
+def test_auto_is_no_worse_than_the_scripts_layout(tmp_path: Path, name: str, nodes: int, sequences: int) -> None:
+    """The expert check at the published cluster shapes (7B on 1 and 64 nodes of 8 H100s, 32B on
+    128): ``parallel=auto`` lays the recipe out so that its estimated peak and step time are no
+    worse than those of the layout OLMo-core's script uses, shown beside it in the plan; where
+    the plan refuses the script's layout (the 7B's micro-batch of 2 at 512 GPUs and 512
+    sequences), it says why. The 32B's script checkpoints activations under a memory budget of
+    0.5 (``mode=budget``): auto takes the same budget on fully sharded parameters."""
+    import re
+
+    plan = _plan(name, _data(tmp_path, sequences), nodes, "parallel=auto")
+    rows = dict(plan.sections["auto"])
+    ours = rows["auto's layout"]
+    theirs = next(v for k, v in rows.items() if k.endswith("'s layout") and k != "auto's layout")
+    assert "(fits)" in ours
+    if nodes == 64:
+        assert "refused here" in theirs and "trainer.micro_batch_size" in theirs and "beside it" not in rows
+        return
+    beside = re.fullmatch(r"peak ([\d.]+)x the recipe's, step time ([\d.]+)x(: .*)?", rows["beside it"])
+    assert beside, rows["beside it"]
+    assert float(beside[1]) <= 1.0 and float(beside[2]) <= 1.0, rows["beside it"]
+    if name == "olmo3_32b":
+        assert "trainer.activation_checkpointing=budget" in theirs
+        assert plan.run.trainer.activation_checkpointing == "budget"
+        assert plan.run.trainer.activation_memory_budget == 0.5

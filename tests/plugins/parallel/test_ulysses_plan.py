@@ -111,10 +111,12 @@ def test_activation_checkpointing_modes():
 
     assert (
         refusal("trainer.activation_checkpointing=selected_ops")
-        == "trainer.activation_checkpointing: 'selected_ops' is not one of full, long_context, auto, null"
+        == "trainer.activation_checkpointing: 'selected_ops' is not one of full, budget, long_context, auto, null"
     )
     for mode in ("full", "long_context"):
         plan_for(f"trainer.activation_checkpointing={mode}")
     ac = activation_checkpointing_config("long_context")
     assert ac.mode == Mode.selected_modules and ac.modules == LONG_CONTEXT_AC_MODULES
     assert activation_checkpointing_config("full").mode == Mode.full
+    budget = activation_checkpointing_config("budget", 0.3)
+    assert budget.mode == Mode.budget and budget.activation_memory_budget == 0.3
