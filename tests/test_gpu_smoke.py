@@ -287,7 +287,8 @@ def test_every_smoke_run_plans_for_an_h200(tmp_path):
     plan, ran = lines[0], {r["step"]: r for r in lines[1:]}
     assert plan["step"] == "plan" and set(plan["steps"]) == set(ran)
     assert ran["30m mxfp8 fsdp"]["note"] == "needs compute capability 10.0"  # an H200 is SM90
-    assert [r["status"] for r in ran.values()].count("pass") == 8  # 7 paths of the 30M model and the 1B
+    assert [r["status"] for r in ran.values()].count("pass") == 9  # 8 paths of the 30M model and the 1B
+    assert ran["30m bf16 fsdp+compile budget"]["status"] == "pass"  # budget checkpointing plans where compiled
     assert "GiB" in ran["1b"]["plan_estimated_peak"]
     assert "GPU smoke (plans only)" in (tmp_path / "out" / "summary.md").read_text()
     check_out_limits(tmp_path / "out")

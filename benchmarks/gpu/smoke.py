@@ -24,7 +24,8 @@ outer ``timeout``) reports the step in flight and the ones left as ``cut`` befor
    the runs import imports (:data:`REQUIRED_IMPORTS`): where one does not, the step fails with
    its error and the runs are reported skipped with it (each would fail on the same import);
 4. ``30m <path>``: ``model=olmo3_30m`` through every path at once (concurrent processes on the
-   one GPU: pass/fail checks, not speeds): bf16 ddp (eager), bf16 fsdp+compile, fp8 tensorwise
+   one GPU: pass/fail checks, not speeds): bf16 ddp (eager), bf16 fsdp+compile (also with
+   OLMo 3 32B's ``trainer.activation_checkpointing=budget``), fp8 tensorwise
    and rowwise under fsdp, mxfp8 (SM100 only), MoE portable and olmo_core, Engram with 1d
    sharding; first and last loss, graph breaks and recompiles (``TORCH_LOGS=graph_breaks,
    recompiles`` lines in the node log; ``n/a`` where the run is not compiled);
@@ -167,6 +168,11 @@ VARIANTS = (
         "bf16 fsdp+compile",
         ("precision=bf16", "parallel=[fsdp]", "trainer.compile=true"),
         cpu="needs CUDA: OLMo-core 3.0.0 compiles only on CUDA",
+    ),
+    Variant(  # OLMo 3 32B's checkpointing (its script's mode=budget, 0.5): the compiler's partitioner
+        "bf16 fsdp+compile budget",
+        ("precision=bf16", "parallel=[fsdp]", "trainer.compile=true", "trainer.activation_checkpointing=budget"),
+        cpu="needs CUDA: budget checkpointing is torch.compile's, and OLMo-core 3.0.0 compiles only on CUDA",
     ),
     Variant(
         "fp8 tensorwise fsdp",
