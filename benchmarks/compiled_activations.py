@@ -246,6 +246,55 @@ def measure_budget(case: Case, budget: float) -> dict[str, Any]:
     }
 
 
+#: The LM head's count: ``(d_model, vocabulary)``, 2 x 192 tokens (no width equals 384).
+HEAD = (256, 4096)
+
+
+def measure_head(compiled: bool) -> dict[str, Any]:
+    """Bytes per token the LM head keeps for backward with the loss (OLMo-core's default loss, z-loss
+    on, a ``sum`` reduction as the train module asks), bf16 parameters, eager or compiled
+    (``aot_eager_decomp_partition``: the partitioner without code generation); and the plan's term
+    of the logits' part (:data:`olmx.plan.memory.COMPILED_HEAD_LOGITS`, without their gradient)."""
+    import torch
+
+    from olmx.plan.memory import COMPILED_HEAD_LOGITS
+    from olmx.worker.model import build_model_config
+
+    d, vocab = HEAD
+    case = Case("head", d, 4, 4, 3 * d)
+    torch.manual_seed(0)
+    model = build_model_config(model_config(case), vocab_size=vocab, attention="torch", seq_len=SEQ)
+    head = model.build(init_device="cpu").lm_head.to(torch.bfloat16)
+    torch._dynamo.reset()
+    if compiled:
+        head.compile(fullgraph=False, backend="aot_eager_decomp_partition")
+    x = torch.randn(BATCH, SEQ, d, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (BATCH, SEQ))
+    params = {p.untyped_storage().data_ptr() for p in head.parameters()}
+    seen: dict[int, int] = {}
+    logits = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal logits
+        s = t.untyped_storage()
+        if t.numel() >= BATCH * SEQ and s.data_ptr() not in params and s.data_ptr() not in seen:
+            seen[s.data_ptr()] = s.nbytes()
+            logits += s.nbytes() if t.shape[-1] == vocab else 0
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = head(x, labels=labels, loss_reduction="sum", z_loss_multiplier=1e-5, loss_div_factor=BATCH * SEQ)
+    out.loss.backward()
+    torch._dynamo.reset()
+    tokens = BATCH * SEQ
+    return {
+        "compiled": compiled,
+        "kept": sum(seen.values()) // tokens,
+        "logits_per_entry": round(logits / tokens / vocab, 2),
+        "model_logits_per_entry": COMPILED_HEAD_LOGITS * 2 if compiled else 8,
+    }
+
+
 def budget_table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of the budget rows (each compared with its block's budget-1 row)."""
     lines = [
@@ -260,6 +309,15 @@ def budget_table(rows: list[dict[str, Any]]) -> str:
             f"| {'yes' if r['attention_recomputed'] else 'no'} |"
         )
     return "\n".join(lines)
+
+
+def head_rows(rows: list[dict[str, Any]]) -> str:
+    """The LM head table's rows."""
+    return "\n".join(
+        f"| {'compiled' if r['compiled'] else 'eager'} | {r['kept']} | {r['logits_per_entry']:g} "
+        f"| {r['model_logits_per_entry']} |"
+        for r in rows
+    )
 
 
 def budget_rows() -> list[dict[str, Any]]:
@@ -364,6 +422,16 @@ QK-norm and OLMo 3's reordered norms unless its name says otherwise.
 
 {listing}
 
+### The LM head with the loss (OLMo-core compiles it with the blocks)
+
+d_model {HEAD[0]}, a vocabulary of {HEAD[1]}, {BATCH} x {SEQ} tokens, bf16 parameters, OLMo-core's
+default loss with z-loss; "logits": the bytes per token and vocabulary entry of what it keeps with
+a vocabulary dimension; "plan": the plan's term for them (it adds their gradient, in the same dtype).
+
+| head | saved B/token | logits: B per entry | plan |
+|---|---:|---:|---:|
+{head_rows(record.get("head_rows", []))}
+
 ### `activation_checkpointing=budget` (OLMo-core's `mode=budget`, OLMo 3 32B's script: 0.5)
 
 Each block compiled with inductor's decompositions and the min-cut partitioner under
@@ -409,7 +477,9 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor: the worker's).")
     parser.add_argument("--only", nargs="+", help="Count only the cases whose name contains one of these.")
     parser.add_argument("--out", type=Path, default=RESULTS, help="Where compiled_activations.json goes.")
-    parser.add_argument("--budget", action="store_true", help="Count only the activation_checkpointing=budget rows.")
+    parser.add_argument(
+        "--budget", action="store_true", help="Count only the LM head and the activation_checkpointing=budget rows."
+    )
     args = parser.parse_args()
     path = args.out / "compiled_activations.json"
     partial = args.only or args.budget
@@ -432,6 +502,8 @@ def main() -> None:
         path.write_text(json.dumps(record, indent=1) + "\n")
         write_section(record, args.out)
     if not args.only:
+        record.update(head_rows=[measure_head(False), measure_head(True)])
+        print(head_rows(record["head_rows"]))
         record.update(budget_rows=budget_rows(), budget_meta=machine())
         path.write_text(json.dumps(record, indent=1) + "\n")
         write_section(record, args.out)

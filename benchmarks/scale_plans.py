@@ -212,7 +212,9 @@ RECIPES = [("olmo3_7b", 1), ("olmo3_7b", 64), ("olmo3_32b", 128)]
 def recipes(data: Path, reg: object) -> None:
     """The recipes table: each recipe's script layout beside ``parallel=auto``'s choice."""
     print("\n### OLMo 3 recipes at published cluster shapes (parallel=auto)\n")
-    print("| recipe, world | the script's layout: estimate | auto's choice | auto: estimate | beside it | tokens/s/GPU |")
+    print(
+        "| recipe, world | the script's layout: estimate | auto's choice | auto: estimate | beside it | tokens/s/GPU |"
+    )
     print("|---|---|---|---|---|---:|")
     for name, nodes in RECIPES:
         overrides = [f"experiment={name}", "infra=slurm", f"infra.nodes={nodes}", "infra.gpus_per_node=8"]

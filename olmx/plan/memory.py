@@ -30,7 +30,8 @@ default heap a CPU process keeps freed activation blocks and shows up to 2x more
   the feed-forward one block at a time. ``budget`` (compiled blocks only) keeps each block's
   input plus ``trainer.activation_memory_budget`` of the rest of what a compiled block keeps
   (:func:`budget_block_activations`), the rest recomputed one block at a time. The output layer
-  adds the logits and their gradient in float32 (``2 * 4 * T * V``) and the embedding output.
+  adds the logits and their gradient in float32 (``2 * 4 * T * V``; compiled, in the compute dtype:
+  :data:`COMPILED_HEAD_LOGITS`) and the embedding output.
   Attention runs in a memory-efficient kernel (no ``T^2`` term). Plugins add what their own modules keep
   (:attr:`~olmx.api.Contribution.activation_bytes_per_token`: Ulysses' output in sequence
   layout and replicated kv heads, the MoE's routed copies and router, Engram's rows).
@@ -112,6 +113,12 @@ COMPILED_FF_H = 3
 #: ``activation_checkpointing=long_context`` (the feed-forward's and the norms' inputs, less what
 #: the partitioner shares: one ``d``, counted).
 COMPILED_LONG_CONTEXT_D = 1
+#: Logits-sized tensors, in the compute dtype, that a ``torch.compile``d LM head with the loss
+#: (OLMo-core compiles it with the blocks) keeps for backward: the logits themselves; the float32
+#: log-softmax and its input, which the eager head keeps (8 bytes a vocabulary entry), are
+#: recomputed. Counted with saved-tensor hooks (``benchmarks/compiled_activations.py``: 2 bytes a
+#: vocabulary entry and token in bf16, 8 eager). The plan adds their gradient, in the same dtype.
+COMPILED_HEAD_LOGITS = 1
 #: The optimizer step's temporaries, in copies of the parameter shard (foreach AdamW).
 OPTIMIZER_TEMPORARIES = 1
 
@@ -262,7 +269,11 @@ def estimate(
     attn, ff, transient = block_activations(run, b, autocast, compiled)
     # plugins' activations belong to blocks too: a stage keeps its share, for every micro-batch in flight
     plugin_acts = tokens * plugin_activations * stage_layers * inflight // m.n_layers
-    head = tokens * (2 * d * b + 2 * 4 * vocab)
+    # the output layer: its logits and their gradient, float32 in eager blocks; compiled (OLMo-core
+    # compiles the LM head with the blocks), the loss's float32 work is recomputed and the logits
+    # are kept in the compute dtype (COMPILED_HEAD_LOGITS)
+    logits = (COMPILED_HEAD_LOGITS + 1) * b if compiled else 2 * 4  # bytes a vocabulary entry, with the gradient
+    head = tokens * (2 * d * b + logits * vocab)
     # a pipeline stage keeps its blocks' activations of every micro-batch in flight; the output
     # layer's (the last stage's) of one at a time
     kept = stage_layers * inflight
