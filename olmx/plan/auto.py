@@ -16,10 +16,11 @@ lowered and activations are recomputed:
    (:data:`~olmx.api.ADD_ON_CAPABILITIES`), then sequence or tensor x pipeline parallel
    (:data:`COMBINED_ADD_ONS`, by the first's degree, then the pipeline's); so sequence
    parallelism is never added to sequences that fit without it;
-2. activation checkpointing none < budget < long_context < full (recompute costs FLOPs,
-   :mod:`olmx.plan.throughput`; ``budget``, at ``trainer.activation_memory_budget``, only where
-   the blocks are compiled), with ``trainer.activation_checkpointing=auto`` or, under
-   ``parallel=auto``, where it is left unset (null);
+2. activation checkpointing: none, budget, long_context, full, the one that fits and
+   recomputes least at that level (recompute costs FLOPs, :mod:`olmx.plan.throughput`; budget
+   only where the blocks are compiled, at ``trainer.activation_memory_budget`` and then at
+   :data:`LOWER_BUDGETS`, the largest that fits), with ``trainer.activation_checkpointing=auto``
+   or, under ``parallel=auto``, where it is left unset (null);
 3. the data-parallel kind in the order of :data:`~olmx.api.PARALLEL_CAPABILITIES` (replicate <
    experts < hybrid < shard; experts only with a layer that has experts, hybrid only over
    several nodes; sharding overlaps its all-gathers with compute, which recompute cannot), then
@@ -56,6 +57,9 @@ AC_BY_COST: tuple[ActivationCheckpointing | None, ...] = (
     ActivationCheckpointing.long_context,
     ActivationCheckpointing.full,
 )
+#: ``trainer.activation_memory_budget`` values auto also tries below the configured one, largest
+#: first, where it chooses ``budget`` checkpointing (a lower budget keeps less and recomputes more).
+LOWER_BUDGETS = (0.4, 0.3, 0.2, 0.1)
 #: Trials shown in the plan before the chosen one (the rest are counted).
 SHOWN = 6
 #: Pairs of add-on capabilities ``parallel=auto`` also tries together, after every single one:
@@ -190,7 +194,10 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
     # under parallel=auto an unset checkpointing is tried before a parallel dimension is added
     free_ac = t.activation_checkpointing == AUTO or (AUTO in run.parallel and t.activation_checkpointing is None)
     compiled = compiles(t, world)  # budget is the compiler's: tried only where blocks compile
-    acs = tuple(a for a in AC_BY_COST if a != "budget" or compiled) if free_ac else (t.activation_checkpointing,)
+    modes = tuple(a for a in AC_BY_COST if a != "budget" or compiled) if free_ac else (t.activation_checkpointing,)
+    # (mode, budget): budget checkpointing at the configured budget, then lower ones, where auto chooses
+    budgets = [t.activation_memory_budget] + [b for b in LOWER_BUDGETS if b < t.activation_memory_budget]
+    acs = [(mode, b) for mode in modes for b in (budgets if mode == "budget" and free_ac else [None])]
     lays = parallel_options(run, world, reg)
     asked = [f for f, on in _asked(run, lays) if on]
     if not asked:
@@ -201,11 +208,18 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
     errors: list[ConfigError] = []
     lower = AUTO in run.parallel  # a layout's per-rank batch decides the micro-batch
 
-    def first_fit(level: int, ac: ActivationCheckpointing | None) -> tuple[RunConfig, tuple[str, ...], Fit] | None:
-        """The first candidate of ``level`` with checkpointing ``ac`` that fits, in order."""
+    def first_fit(
+        level: int, ac: ActivationCheckpointing | None, budget: float | None
+    ) -> tuple[RunConfig, tuple[str, ...], Fit] | None:
+        """The first candidate of ``level`` with checkpointing ``ac`` (at ``budget``: its memory
+        budget, None: the configured one) that fits, in order."""
+        own = t.activation_memory_budget if budget is None else budget
+        trainer = replace(t, activation_checkpointing=ac, activation_memory_budget=own)
+        ac_override: tuple[str, ...] = (f"trainer.activation_checkpointing={ac or 'null'}",) if len(acs) > 1 else ()
+        if budget is not None and budget != t.activation_memory_budget:
+            ac_override += (f"trainer.activation_memory_budget={budget:g}",)
         for lay in (lay for lay in lays if lay.level == level):
-            base = replace(run, parallel=lay.parallel, trainer=replace(t, activation_checkpointing=ac))
-            ac_override = (f"trainer.activation_checkpointing={ac or 'null'}",) if len(acs) > 1 else ()
+            base = replace(run, parallel=lay.parallel, trainer=trainer)
             for micro in _micro_batches(base, evaluate, errors, lay, tried, lower=lower):
                 cand = replace(base, trainer=replace(base.trainer, micro_batch_size=micro, auto_micro_batch=False))
                 changed = t.auto_micro_batch or micro != t.micro_batch_size
@@ -227,10 +241,14 @@ def choose(run: RunConfig, world: World, reg: Any, evaluate: Evaluate) -> Choice
         # recomputes depends on the model and the sequence, not on the layout: budget recomputes
         # the attention, long_context the feed-forward); nothing recomputed ends the search
         fitting: list[tuple[RunConfig, tuple[str, ...], Fit]] = []
-        for ac in acs:
-            found = first_fit(level, ac)
+        budget_fits = False  # a lower budget than one that fits only recomputes more
+        for ac, budget in acs:
+            if budget is not None and budget_fits:
+                continue
+            found = first_fit(level, ac, budget)
             if found is not None:
                 fitting.append(found)
+                budget_fits = budget_fits or budget is not None
                 if found[2].recompute == 0:
                     break
         if fitting:

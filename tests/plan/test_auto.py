@@ -18,6 +18,7 @@ from olmx.config.compose import compose, to_object
 from olmx.config.schema import AutoParallelConfig
 from olmx.errors import ConfigError
 from olmx.plan import throughput
+from olmx.plan.auto import LOWER_BUDGETS
 from olmx.plan.memory import GIB
 from olmx.plan.resolve import count_params, estimate_run, padded_vocab, plan_from_overrides, resolve
 from olmx.registry import registry
@@ -32,6 +33,8 @@ WORLDS = {
     "h100 2x8": [*H100, "infra.gpus_per_node=8", "infra.nodes=2"],
 }
 GPU_NAME = "infra.gpu_name='NVIDIA H100 80GB HBM3'"
+#: ``trainer.activation_memory_budget`` values auto tries for budget checkpointing (the default first).
+BUDGETS = (0.5, *LOWER_BUDGETS)
 AUTO = ["parallel=auto", "trainer.activation_checkpointing=auto"]
 AUTO += ["trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
 
@@ -135,8 +138,9 @@ def test_auto_adds_sequence_parallelism_only_where_nothing_fits_without_it(model
     base = grid_run("h100 x8", model, seq, "trainer.global_batch_size=8", "trainer.micro_batch_size=1")
     hands = []
     for layout in _layouts():
-        for ac in (None, "budget", "long_context", "full"):
-            run = replace(base, parallel=layout, trainer=replace(base.trainer, activation_checkpointing=ac))
+        for ac, budget in [(None, 0.5), ("long_context", 0.5), ("full", 0.5)] + [("budget", b) for b in BUDGETS]:
+            trainer = replace(base.trainer, activation_checkpointing=ac, activation_memory_budget=budget)
+            run = replace(base, parallel=layout, trainer=trainer)
             try:
                 hands.append(resolve(run, reg))
             except ConfigError as exc:
@@ -269,3 +273,32 @@ def test_parallel_auto_from_the_cli(tmp_path) -> None:
     config = proc.stdout.split("# resolved config")[1].split("olmx plan")[0]
     assert f"parallel:\n  {strategy}:" in config  # the resolved config is the choice, not auto
     assert not (tmp_path / "r").exists()
+
+
+def test_auto_lowers_the_memory_budget_before_it_recomputes_more(tmp_path) -> None:
+    """OLMo 3 32B at 8,192 tokens on 16 H100s: compiled blocks under budget checkpointing at the
+    default 0.5 do not fit; auto takes the largest lower budget that does (it recomputes less than
+    long_context or full, which also fit), and writes it out."""
+    args = [*WORLDS["h100 2x8"], "model=olmo3_32b", "data.seq_len=8192", "trainer.global_batch_size=16"]
+    args += ["trainer.micro_batch_size=1", "parallel=auto"]
+    p = plan(tmp_path, *args)
+    t = p.run.trainer
+    assert t.activation_checkpointing == "budget" and t.activation_memory_budget in LOWER_BUDGETS
+    assert chosen(p)[-2:] == [
+        "trainer.activation_checkpointing=budget",
+        f"trainer.activation_memory_budget={t.activation_memory_budget:g}",
+    ]
+    assert fits(p)
+    layout = [*args[:-1], *chosen(p)[:-2]]
+    for higher in (b for b in BUDGETS if b > t.activation_memory_budget):  # each higher one does not fit
+        with pytest.raises(ConfigError) as info:
+            plan(
+                tmp_path,
+                *layout,
+                "trainer.activation_checkpointing=budget",
+                f"trainer.activation_memory_budget={higher}",
+            )
+        assert info.value.field == "memory"
+    for mode in ("long_context", "full"):  # both fit, and recompute more
+        other = plan(tmp_path, *layout, f"trainer.activation_checkpointing={mode}")
+        assert fits(other) and flops(other) > flops(p)
