@@ -329,9 +329,10 @@ class TrainerConfig:
     #: torch.compile's min-cut partitioner recomputes what it must to keep at most
     #: ``activation_memory_budget`` of what compiled blocks keep; needs torch.compile, so CUDA),
     #: ``long_context`` (olmx: keep attention outputs, recompute feed-forward and norms), null
-    #: for none, or ``auto``: the cheapest of none < budget (compiled runs) < long_context < full
-    #: whose estimated peak memory fits the device (on CPUs: this machine's RAM divided by its
-    #: processes); the plan says which and why.
+    #: for none, or ``auto``: of none, budget (compiled runs: at ``activation_memory_budget``, else
+    #: the largest of 0.4 ... 0.1 that fits), long_context and full, the one whose estimated peak
+    #: memory fits the device (on CPUs: this machine's RAM divided by its processes) and that
+    #: recomputes least; the plan says which and why.
     activation_checkpointing: Optional[ActivationCheckpointing] = setting(None, choices=ActivationCheckpointing)
     #: ``activation_checkpointing=budget``'s share of the activations a compiled block keeps,
     #: from 0 (recompute everything but the block's inputs) to 1 (keep what the partitioner

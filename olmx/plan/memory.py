@@ -31,8 +31,8 @@ default heap a CPU process keeps freed activation blocks and shows up to 2x more
   input plus ``trainer.activation_memory_budget`` of the rest of what a compiled block keeps
   (:func:`budget_block_activations`), the rest recomputed one block at a time. The output layer
   adds the logits and their gradient in float32 (``2 * 4 * T * V``; compiled, in the compute dtype:
-  :data:`COMPILED_HEAD_LOGITS`) and the embedding output.
-  Attention runs in a memory-efficient kernel (no ``T^2`` term). Plugins add what their own modules keep
+  :data:`COMPILED_HEAD_LOGITS`) and the embedding output. Attention runs in a memory-efficient
+  kernel (no ``T^2`` term). Plugins add what their own modules keep
   (:attr:`~olmx.api.Contribution.activation_bytes_per_token`: Ulysses' output in sequence
   layout and replicated kv heads, the MoE's routed copies and router, Engram's rows).
 * **buffers**: the larger of what is alive with the activations (FSDP2's gathered parameters
