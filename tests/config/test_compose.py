@@ -98,3 +98,23 @@ def test_composition_errors_name_the_field(overrides, field, text):
         typed(*overrides)
     assert info.value.field == field
     assert text in str(info.value)
+
+
+def test_a_recipes_layout_applies_unless_the_user_lays_the_run_out():
+    """``recipe.layout`` (OLMo 3 32B: micro-batch 1, budget checkpointing, HSDP of 64): composed in
+    as given; a strategy the user chooses drops the recipe's strategy settings, not its
+    micro-batch or checkpointing; ``parallel=auto`` also leaves the checkpointing to auto; a
+    setting the user gives wins."""
+
+    def run(*overrides: str):
+        return to_object(compose(["experiment=olmo3_32b", "data.paths=[/x.npy]", *overrides], registry()), registry())
+
+    recipe = run()
+    assert (list(recipe.parallel), recipe.parallel["hsdp"].shard_degree) == (["hsdp"], 64)
+    assert (recipe.trainer.micro_batch_size, recipe.trainer.activation_checkpointing) == (1, "budget")
+    fsdp = run("parallel=[fsdp]")
+    assert list(fsdp.parallel) == ["fsdp"] and fsdp.trainer.activation_checkpointing == "budget"
+    auto = run("parallel=auto")
+    assert auto.trainer.activation_checkpointing is None and auto.trainer.micro_batch_size == 1
+    own = run("parallel=auto", "trainer.activation_checkpointing=full", "trainer.micro_batch_size=2")
+    assert (own.trainer.activation_checkpointing, own.trainer.micro_batch_size) == ("full", 2)
