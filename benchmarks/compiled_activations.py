@@ -185,7 +185,7 @@ BUDGETS = (1.0, 0.9, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
 BUDGET_SEQ = 1024
 
 
-def measure_budget(case: Case, budget: float) -> dict[str, Any]:
+def measure_budget(case: Case, budget: float, seq: int = BUDGET_SEQ) -> dict[str, Any]:
     """What the min-cut partitioner keeps and recomputes for ``case`` compiled under
     ``torch._functorch.config.activation_memory_budget = budget`` (OLMo-core's ``mode=budget``):
     saved bytes per token (hooks, as :func:`saved`), the forward and backward graphs' matmul
@@ -215,11 +215,11 @@ def measure_budget(case: Case, budget: float) -> dict[str, Any]:
         partition_fn=min_cut_rematerialization_partition,
         decompositions=select_decomp_table(),
     )
-    block = build_block(case, BUDGET_SEQ)
+    block = build_block(case, seq)
     torch._dynamo.reset()
     with functorch_config.patch(activation_memory_budget=budget):
         block.compile(fullgraph=False, backend=backend)
-        kept, _, _ = saved(block, case, compiled=True, seq=BUDGET_SEQ)
+        kept, _, _ = saved(block, case, compiled=True, seq=seq)
     torch._dynamo.reset()
 
     def matmuls(gm: Any) -> int:
@@ -241,7 +241,7 @@ def measure_budget(case: Case, budget: float) -> dict[str, Any]:
         "kept": kept,
         "recomputed_matmul_share": round((backward - 2 * forward) / forward, 3),
         "attention_recomputed": attention,
-        "forward_matmul_flops_per_token": forward // (BATCH * BUDGET_SEQ),
+        "forward_matmul_flops_per_token": forward // (BATCH * seq),
         "model_recompute_share": round(budget_recompute(forward, 0, budget) / forward, 3),
     }
 
