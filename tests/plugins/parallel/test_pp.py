@@ -4,7 +4,6 @@ of pipeline degree both ways."""
 
 from __future__ import annotations
 
-import shutil
 from datetime import datetime
 
 import pytest
@@ -201,7 +200,7 @@ def test_a_fresh_pipeline_starts_from_the_one_model_of_its_seed(tmp_path):
 
 def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
     """A model of dense and MoE blocks, two of them with Engram (hashing the token ids the
-    pipeline passes to every stage). One process to step 2; from its checkpoint, pipelines of
+    pipeline passes to every stage). One process for 8 steps; from its step-2 checkpoint, pipelines of
     degree 2 on 4 processes (1F1B under Ulysses 2: each sequence sharded over 2 ranks through
     every stage; Interleaved1F1B under ddp_ep 2 x pp 2: each stage's dense parameters
     replicated over its 2 data-parallel ranks, its experts sharded over them) train steps 3-8
@@ -219,8 +218,10 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return losses(run), eval_losses(run)
 
-    start, _ = train(tmp_path / "start", *one, "trainer.stop_at_step=2")
-    assert len(start) == 2
+    # The one-process run, whole; the pipelines start from its step-2 checkpoint (a resume
+    # equals the run left alone bit for bit: tests/test_training.py).
+    want, want_eval = train(ref, *one)
+    assert len(want) == 8 and sorted(want_eval) == [4, 8]
     variants: dict[str, tuple[list[str], str]] = {
         "ddp x ulysses 2 x 1F1B": (
             ["parallel=[ddp,ulysses,pp]", "parallel.pp.schedule=1F1B"],
@@ -229,10 +230,7 @@ def test_pipelines_train_as_one_process_and_resume_across_degrees(tmp_path):
         "ddp_ep2 x Interleaved1F1B": (["parallel=[ddp_ep,pp]", "parallel.ddp_ep.degree=2"], "infra.nproc_per_node=4"),
     }
     for name in variants:
-        shutil.copytree(tmp_path / "start", tmp_path / name)
-    shutil.copytree(tmp_path / "start", ref)
-    want, want_eval = train(ref, *one)
-    assert sorted(want_eval) == [4, 8]
+        copy_as_of(ref, tmp_path / name, 2)
     for name, (parallel, extra) in variants.items():
         got, got_eval = train(tmp_path / name, *parallel, extra)
         assert got[2:] == pytest.approx(want[2:], rel=2e-5), name
