@@ -304,9 +304,11 @@ class LocalInfra(InfraPlugin):
         from olmx.launch.failures import log_excerpt
 
         if rc < 0:  # torchrun itself ended by a signal (before it could pass it on): stopped, resume me
-            name = signal.Signals(-rc).name
+            name = signal.Signals(-rc).name  # (a Ctrl-C: 130, as every Ctrl-C)
             raise RunFailed(
-                f"torchrun was ended by {name} before its processes saved anything; {resume}", EXIT_PREEMPTED
+                f"{'interrupted, ' if interrupted else ''}torchrun was ended by {name} before its processes saved "
+                f"anything; {resume}",
+                130 if interrupted else EXIT_PREEMPTED,
             )
         raise RunFailed(
             f"training failed with exit code {rc}; from {log_path}:\n{log_excerpt(log_path, since=offset)}", rc or 1
