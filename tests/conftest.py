@@ -67,6 +67,20 @@ def reference_run(tmp_path_factory) -> Path:
     return root / "run"
 
 
+def script_module(relative: str, name: str):
+    """A script of the repository (``benchmarks/gpu/smoke.py``: scripts are not packages) as a
+    module, loaded once under ``name`` (its dataclasses look their module up in sys.modules)."""
+    import importlib.util
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / relative)
+        assert spec is not None and spec.loader is not None, relative
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def make_dist(
     site: Path,
     dist: str,

@@ -22,7 +22,6 @@ prints its path.
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import json
 import os
 import re
@@ -35,7 +34,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, script_module
 
 #: What the GPU image's ``python3`` has (the research note's package list), here taken from
 #: this environment with everything they require; setuptools and pip as a Python 3.12 venv with
@@ -161,11 +160,7 @@ def check_out_limits(out: Path) -> None:
 
 def _smoke_module():
     """benchmarks/gpu/smoke.py as a module (it is a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("gpu_smoke", REPO / "benchmarks" / "gpu" / "smoke.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpu_smoke", module)
-    spec.loader.exec_module(module)
-    return sys.modules["gpu_smoke"]
+    return script_module("benchmarks/gpu/smoke.py", "gpu_smoke")
 
 
 def test_a_box_that_runs_out_kills_everything_the_step_started(tmp_path):

@@ -8,31 +8,15 @@ saves (saved-tensor hooks) and the matmul FLOPs of the backward graph beyond twi
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from typing import Any
-
 import pytest
 
 from olmx.errors import ConfigError
 from olmx.plan.memory import budget_block_activations
-from tests.conftest import REPO
-
-
-def counter() -> Any:
-    """``benchmarks/compiled_activations.py``, loaded from its file (benchmarks are scripts)."""
-    spec = importlib.util.spec_from_file_location(
-        "compiled_activations", REPO / "benchmarks" / "compiled_activations.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import script_module
 
 
 def test_the_budget_terms_bound_what_the_partitioner_keeps_and_recomputes() -> None:
-    bench = counter()
+    bench = script_module("benchmarks/compiled_activations.py", "compiled_activations")
     # OLMo 3 32B's width ratios (feed-forward 5.4 d, 5 query heads of 64 a kv head), 2 x 128 tokens
     case = bench.Case("32B ratios", 320, 5, 1, 1728)
     everything = bench.measure_budget(case, 1.0, seq=128)

@@ -7,11 +7,11 @@ counts it (its ``measure_head``), and compared with :data:`olmx.plan.memory.COMP
 from __future__ import annotations
 
 from olmx.plan.memory import COMPILED_HEAD_LOGITS
-from tests.plan.test_activation_budget import counter
+from tests.conftest import script_module
 
 
 def test_a_compiled_head_keeps_its_logits_in_the_compute_dtype() -> None:
-    bench = counter()
+    bench = script_module("benchmarks/compiled_activations.py", "compiled_activations")
     eager, compiled = bench.measure_head(False), bench.measure_head(True)
     assert eager["logits_per_entry"] == 8  # two float32 copies: the plan's eager 2 x 4
     assert compiled["logits_per_entry"] == COMPILED_HEAD_LOGITS * 2  # the bf16 logits only
