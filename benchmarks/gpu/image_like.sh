@@ -38,7 +38,8 @@ started=$(date +%s)
     tokenizers==0.23.2 protobuf==5.29.5 pyyaml rich typer jinja2 matplotlib requests tensorboard pytest setuptools \
     packaging >&2
 "$PY" -c "$want"
-if "$PY" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ("olmx", "olmo_core", "hydra", "torchao")))'; then
+# (-P: not the working directory, which is the clone, with olmx/ in it, when run as the README says)
+if "$PY" -P -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ("olmx", "olmo_core", "hydra", "torchao")))'; then
     echo "image_like.sh: $DIR ($(du -sh "$DIR" | cut -f1)) in $(( $(date +%s) - started )) s" >&2
     echo "$PY"
 else
